@@ -1,0 +1,280 @@
+"""The ``dlfs`` command line. User errors print one line and exit non-zero; bugs keep their traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import stat
+import sys
+import time
+from collections.abc import Sequence
+
+from dlfs import __version__
+from dlfs.errors import DlfsError
+
+log = logging.getLogger("dlfs")
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'1G', '512MiB', '64k', '4096' -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 512M or 1G)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from dlfs.pack import PackOptions, pack
+
+    options = PackOptions(
+        shard_size=args.shard_size,
+        jobs=args.jobs,
+        compress=args.compress == "lz4",
+        order=args.order,
+        seed=args.seed,
+        force=args.force,
+        skip_errors=args.skip_errors,
+        progress=not args.quiet and not args.json,
+    )
+    summary = pack(args.src, args.dst, options)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+        return 0
+    seconds = max(summary.seconds, 1e-9)
+    print(
+        f"packed {summary.files} files, {summary.directories} directories, {summary.symlinks} symlinks "
+        f"({_human(summary.bytes)}) into {summary.shards} shard(s) of {_human(summary.stored_bytes)} "
+        f"+ index {_human(summary.index_bytes)} in {summary.seconds:.2f} s "
+        f"({summary.files / seconds:,.0f} files/s, {summary.bytes / seconds / 1e6:,.1f} MB/s)"
+    )
+    if summary.compressed_files:
+        print(f"lz4 kept for {summary.compressed_files} files")
+    if summary.skipped_special or summary.skipped_errors:
+        print(
+            f"skipped {summary.skipped_special} special files and {summary.skipped_errors} unreadable entries"
+        )
+    return 0
+
+
+def _mount_args(args: argparse.Namespace) -> list[str]:
+    """The flags a background mount passes on to its foreground daemon."""
+    extra = ["--cache-size", str(args.cache_size), "--threads", str(args.threads)]
+    if args.allow_other:
+        extra.append("--allow-other")
+    if args.debug:
+        extra.append("--debug")
+    return extra
+
+
+def _cmd_mount(args: argparse.Namespace) -> int:
+    from dlfs.mount import MountOptions, serve, spawn
+
+    options = MountOptions(
+        cache_size=args.cache_size,
+        allow_other=args.allow_other,
+        threads=args.threads,
+        log_file=args.log_file,
+        debug=args.debug,
+    )
+    if not args.foreground:
+        started = time.monotonic()
+        pid, log_file = spawn(args.dataset, args.mountpoint, options, _mount_args(args))
+        print(
+            f"mounted {args.dataset} on {args.mountpoint} in {time.monotonic() - started:.2f} s "
+            f"(daemon pid {pid}, log {log_file})"
+        )
+        return 0
+
+    def ready() -> None:
+        if args.ready_fd is not None:
+            os.write(args.ready_fd, b"ok\n")
+            os.close(args.ready_fd)
+        if args.systemd:
+            _notify_systemd()
+
+    try:
+        serve(args.dataset, args.mountpoint, options, ready)
+    except DlfsError as exc:
+        if args.ready_fd is not None:
+            os.write(args.ready_fd, f"error: {exc}\n".encode())
+        raise
+    return 0
+
+
+def _notify_systemd() -> None:
+    """Tell systemd (Type=notify) the mount is ready, without a libsystemd dependency."""
+    import socket
+
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(b"READY=1")
+
+
+def _cmd_umount(args: argparse.Namespace) -> int:
+    from dlfs.mount import unmount
+
+    unmount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from dlfs.verify import verify
+
+    report = verify(args.dataset, jobs=args.jobs, progress=not args.quiet and not args.json)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for bad in report.bad:
+            print(f"BAD {bad['path']}: {bad['problem']}")
+        verdict = "OK" if report.ok else f"{len(report.bad)} BAD"
+        print(f"{verdict}: checked {report.files} files ({_human(report.bytes)}) in {report.seconds:.2f} s")
+    return 0 if report.ok else 1
+
+
+def _ls_line(index: object, row: int, shown: bytes, long: bool) -> str:
+    from dlfs.index import Index
+
+    assert isinstance(index, Index)
+    name = os.fsdecode(shown) or "."
+    if not long:
+        return name
+    a = index.attrs(row)
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(a.mtime_ns / 1e9))
+    line = f"{stat.filemode(a.mode)} {a.nlink:>3} {a.uid:>5} {a.gid:>5} {a.size:>12} {when} {name}"
+    if index.is_symlink(row):
+        line += " -> " + os.fsdecode(index.readlink(row))
+    return line
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from dlfs.index import Index
+    from dlfs.store import open_store
+
+    store = open_store(args.dataset)
+    index = Index.load(store)
+    row = index.resolve(os.fsencode(args.path))
+    if row is None:
+        raise DlfsError(f"{args.path}: no such file or directory in {args.dataset}")
+    if not index.is_dir(row):
+        print(_ls_line(index, row, index.path(row), args.long))
+        return 0
+    stack = [row]
+    while stack:
+        directory = stack.pop()
+        children = index.children(directory)
+        prefix = index.path(directory) + b"/" if args.recursive and directory else b""
+        for child in children:
+            print(_ls_line(index, child, prefix + index.name(child), args.long))
+        if args.recursive:
+            stack.extend(child for child in reversed(children) if index.is_dir(child))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlfs", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dlfs {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pack", help="pack a directory tree into shards + index")
+    p.add_argument("src", help="the directory tree to pack")
+    p.add_argument("dst", help="the dataset directory to write (created if missing)")
+    p.add_argument("--shard-size", type=parse_size, default="1G", help="target shard size (default 1G)")
+    p.add_argument("--jobs", "-j", type=int, default=8, help="parallel file readers (default 8)")
+    p.add_argument(
+        "--compress",
+        choices=("none", "lz4"),
+        default="none",
+        help="lz4 per file, kept only where it saves space (default none)",
+    )
+    p.add_argument(
+        "--order",
+        choices=("source", "random"),
+        default="source",
+        help="file placement in shards: sorted tree order or seeded random (default source)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for --order random (default 0)")
+    p.add_argument("--force", action="store_true", help="replace a dataset already in DST")
+    p.add_argument("--skip-errors", action="store_true", help="skip unreadable files with a warning")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_pack)
+
+    p = sub.add_parser("mount", help="mount a dataset read-only")
+    p.add_argument("dataset", help="the dataset directory written by dlfs pack")
+    p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument(
+        "--foreground", "-f", action="store_true", help="serve in this process (systemd, debugging)"
+    )
+    p.add_argument("--allow-other", action="store_true", help="let other users access the mount")
+    p.add_argument(
+        "--cache-size",
+        type=parse_size,
+        default="256M",
+        help="RAM for file payloads in the daemon (default 256M)",
+    )
+    p.add_argument("--threads", type=int, default=16, help="concurrent storage reads (default 16)")
+    p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
+    p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
+    p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=_cmd_mount)
+
+    p = sub.add_parser("umount", help="unmount a dlfs mount")
+    p.add_argument("mountpoint")
+    p.add_argument("--lazy", "-z", action="store_true", help="detach now even if busy")
+    p.set_defaults(func=_cmd_umount)
+
+    p = sub.add_parser("verify", help="check every file of a dataset against its checksum")
+    p.add_argument("dataset")
+    p.add_argument("--jobs", "-j", type=int, default=4, help="parallel readers (default 4)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("ls", help="list a dataset's index without mounting")
+    p.add_argument("dataset")
+    p.add_argument("path", nargs="?", default="", help="a path inside the dataset (default: the root)")
+    p.add_argument("-l", "--long", action="store_true", help="mode, links, owner, size, mtime")
+    p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too, with full paths")
+    p.set_defaults(func=_cmd_ls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s", stream=sys.stderr
+    )
+    try:
+        return int(args.func(args))
+    except DlfsError as exc:
+        print(f"dlfs: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("dlfs: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The on-disk format: one index file plus shard files of concatenated payloads.
+
+Every number that describes the format is named here and nowhere else.
+
+Index file (``index.dlfs``)::
+
+    0   header   magic(8) version(u32) reserved(u32) meta_offset(u64) meta_length(u64) file_length(u64)
+    64  sections one numpy array each, 64-byte aligned, little-endian (see ``SECTIONS``)
+    ..  meta     UTF-8 JSON: dataset id, build arguments, section table, shard table
+    -8  trailer  xxh3-64 of every byte before it
+
+Rows are entries in breadth-first order with each directory's children sorted by name bytes,
+so the ``parent`` column never decreases and a directory's children are one contiguous run of rows.
+Row 0 is the root; inode = row + 1. Regular files point into a shard (``shard``, ``offset``,
+``stored``); symlinks point into the ``links`` blob with the same two columns.
+
+Shard file (``<dataset-id>.<NNNNN>.shard``)::
+
+    0   header   magic(8) version(u32) shard_no(u32) dataset_id(16)  (padded to 64)
+    64  payloads raw or lz4-block-compressed file bytes, back to back
+
+The index is written last and renamed into place, so a dataset without an index is unfinished.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import lz4.block
+import numpy as np
+import xxhash
+
+from dlfs.errors import DatasetError, IntegrityError, ShardError
+
+INDEX_NAME = "index.dlfs"
+INDEX_MAGIC = b"DLFSIDX\x00"
+SHARD_MAGIC = b"DLFSSHD\x00"
+FORMAT_VERSION = 1
+HEADER_SIZE = 64
+ALIGN = 64
+TRAILER = struct.Struct("<Q")
+INDEX_HEADER = struct.Struct("<8sIIQQQ")
+SHARD_HEADER = struct.Struct("<8sII16s")
+SHARD_SUFFIX = ".shard"
+
+FLAG_LZ4 = 1
+#: The file-type bits of st_mode, as an integer mask that also works on numpy arrays.
+TYPE_MASK = 0o170000
+#: Files larger than this are stored raw and read by range; smaller ones are read and checked whole.
+WHOLE_PAYLOAD_LIMIT = 64 << 20
+
+ROOT_ROW = 0
+
+#: Per-entry columns and blobs: name -> dtype. ``name_off`` has one extra element (an end fence).
+SECTIONS: dict[str, str] = {
+    "parent": "<u4",
+    "name_off": "<u8",
+    "names": "u1",
+    "mode": "<u4",
+    "uid": "<u4",
+    "gid": "<u4",
+    "size": "<u8",
+    "mtime": "<i8",
+    "shard": "<u4",
+    "offset": "<u8",
+    "stored": "<u8",
+    "checksum": "<u8",
+    "flags": "u1",
+    "links": "u1",
+}
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """The per-file checksum: xxh3-64 of the original (uncompressed) bytes."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def new_dataset_id() -> str:
+    return uuid.uuid4().hex
+
+
+def shard_name(dataset_id: str, shard_no: int) -> str:
+    """Shard names carry the dataset id so a re-pack never overwrites shards a live index uses."""
+    return f"{dataset_id}.{shard_no:05d}{SHARD_SUFFIX}"
+
+
+def shard_header(dataset_id: str, shard_no: int) -> bytes:
+    raw = SHARD_HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, shard_no, bytes.fromhex(dataset_id))
+    return raw.ljust(HEADER_SIZE, b"\x00")
+
+
+def check_shard_header(raw: bytes, dataset_id: str, shard_no: int, name: str) -> None:
+    """Refuse a shard that is not the one the index was built with."""
+    if len(raw) < SHARD_HEADER.size:
+        raise ShardError(f"shard {name} is truncated; re-run dlfs pack or restore the shard")
+    magic, version, number, ident = SHARD_HEADER.unpack_from(raw)
+    if magic != SHARD_MAGIC or number != shard_no or ident.hex() != dataset_id or version != FORMAT_VERSION:
+        raise ShardError(
+            f"shard {name} does not belong to this dataset (index {dataset_id}); "
+            "restore the original shard or re-run dlfs pack"
+        )
+
+
+def encode_payload(data: bytes, compress: bool) -> tuple[bytes, int]:
+    """Return (stored bytes, flags); lz4 is kept only where it actually saves space."""
+    if compress and data:
+        packed = lz4.block.compress(data, store_size=False)
+        if len(packed) < len(data):
+            return packed, FLAG_LZ4
+    return data, 0
+
+
+def decode_payload(stored: bytes, flags: int, size: int, expected: int, where: str) -> bytes:
+    """Turn stored bytes back into the original file, or raise IntegrityError; never wrong bytes."""
+    try:
+        data = lz4.block.decompress(stored, uncompressed_size=size) if flags & FLAG_LZ4 else stored
+    except lz4.block.LZ4BlockError as exc:
+        raise IntegrityError(f"{where}: lz4 payload is corrupt ({exc})") from exc
+    if len(data) != size or checksum(data) != expected:
+        raise IntegrityError(f"{where}: checksum mismatch")
+    return data
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def encode_index(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
+    """Serialise the index columns and metadata into the bytes of one index file."""
+    out = bytearray(HEADER_SIZE)
+    table: dict[str, list[int]] = {}
+    for name, dtype in SECTIONS.items():
+        column = np.ascontiguousarray(arrays[name], dtype=dtype)
+        out.extend(b"\x00" * (_align(len(out)) - len(out)))
+        table[name] = [len(out), int(column.size)]
+        out.extend(column.tobytes())
+    body = json.dumps({**meta, "sections": table}, sort_keys=True).encode()
+    meta_offset = _align(len(out))
+    out.extend(b"\x00" * (meta_offset - len(out)))
+    out.extend(body)
+    file_length = len(out) + TRAILER.size
+    out[: INDEX_HEADER.size] = INDEX_HEADER.pack(
+        INDEX_MAGIC, FORMAT_VERSION, 0, meta_offset, len(body), file_length
+    )
+    out.extend(TRAILER.pack(checksum(out)))
+    return bytes(out)
+
+
+@dataclass(frozen=True)
+class DecodedIndex:
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+
+def decode_index(buf: memoryview, source: str) -> DecodedIndex:
+    """Check the header, length and trailer, then view each column in place (no copies)."""
+    if len(buf) < HEADER_SIZE + TRAILER.size:
+        raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
+    magic, version, _, meta_offset, meta_length, file_length = INDEX_HEADER.unpack_from(buf)
+    if magic != INDEX_MAGIC:
+        raise DatasetError(f"{source} is not a dlfs index (bad magic); point dlfs at a packed dataset")
+    if version > FORMAT_VERSION:
+        raise DatasetError(
+            f"{source} has format version {version}, newer than this dlfs reads ({FORMAT_VERSION}); "
+            "upgrade dlfs"
+        )
+    if version != FORMAT_VERSION:
+        raise DatasetError(f"{source} has unsupported format version {version}; re-run dlfs pack")
+    if file_length != len(buf):
+        raise DatasetError(
+            f"{source} is truncated or padded ({len(buf)} bytes, header says {file_length}); re-run dlfs pack"
+        )
+    (stored,) = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
+    if checksum(buf[: len(buf) - TRAILER.size]) != stored:
+        raise DatasetError(f"{source} is corrupt (checksum mismatch); re-run dlfs pack")
+    meta = json.loads(bytes(buf[meta_offset : meta_offset + meta_length]))
+    arrays = {
+        name: np.frombuffer(buf, dtype=SECTIONS[name], count=count, offset=offset)
+        for name, (offset, count) in meta["sections"].items()
+    }
+    return DecodedIndex(meta=meta, arrays=arrays)

@@ -1,0 +1,159 @@
+"""The pyfuse3 adapter: kernel requests in, calls on Index and Reader out.
+
+Thin on purpose. Domain errors become errno values here and nowhere else. Inode numbers are index
+rows + 1, so the kernel's lookup counting needs no table (``forget`` has nothing to do), and entry
+and attribute timeouts are long because a packed dataset never changes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections.abc import Sequence
+
+import pyfuse3
+from pyfuse3 import (
+    EntryAttributes,
+    FileHandleT,
+    FileInfo,
+    FileNameT,
+    FlagT,
+    InodeT,
+    ReaddirToken,
+    RequestContext,
+    StatvfsData,
+)
+
+from dlfs.errors import DlfsError
+from dlfs.index import Attrs, Index
+from dlfs.reader import Reader
+
+log = logging.getLogger(__name__)
+
+#: The data never changes while mounted, so the kernel may keep names and attributes for a day.
+CACHE_TIMEOUT = 24 * 3600.0
+STATFS_BLOCK = 4096
+NAME_MAX = 255
+DOTS = (b".", b"..")
+
+
+def _row(inode: int) -> int:
+    return inode - pyfuse3.ROOT_INODE
+
+
+def _inode(row: int) -> InodeT:
+    return InodeT(row + pyfuse3.ROOT_INODE)
+
+
+class DlfsOperations(pyfuse3.Operations):
+    """Read-only operations over one dataset; every mutating request is refused by the ``ro`` mount."""
+
+    def __init__(self, index: Index, reader: Reader) -> None:
+        super().__init__()
+        self.index = index
+        self.reader = reader
+
+    def _entry(self, row: int) -> EntryAttributes:
+        a: Attrs = self.index.attrs(row)
+        entry = EntryAttributes()
+        entry.st_ino = _inode(row)
+        entry.generation = 0
+        entry.entry_timeout = CACHE_TIMEOUT
+        entry.attr_timeout = CACHE_TIMEOUT
+        entry.st_mode = pyfuse3.ModeT(a.mode)
+        entry.st_nlink = a.nlink
+        entry.st_uid = a.uid
+        entry.st_gid = a.gid
+        entry.st_size = a.size
+        entry.st_blksize = STATFS_BLOCK
+        entry.st_blocks = a.blocks
+        entry.st_atime_ns = a.mtime_ns
+        entry.st_mtime_ns = a.mtime_ns
+        entry.st_ctime_ns = a.mtime_ns
+        return entry
+
+    def _check(self, inode: int) -> int:
+        row = _row(inode)
+        if not 0 <= row < self.index.count:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return row
+
+    async def lookup(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> EntryAttributes:
+        parent = self._check(parent_inode)
+        if name == b".":
+            return self._entry(parent)
+        if name == b"..":
+            return self._entry(int(self.index.parent[parent]))
+        row = self.index.lookup(parent, name)
+        if row is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._entry(row)
+
+    async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:
+        return self._entry(self._check(inode))
+
+    async def readlink(self, inode: InodeT, ctx: RequestContext) -> FileNameT:
+        row = self._check(inode)
+        if not self.index.is_symlink(row):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return FileNameT(self.index.readlink(row))
+
+    async def opendir(self, inode: InodeT, ctx: RequestContext) -> FileHandleT:
+        row = self._check(inode)
+        if not self.index.is_dir(row):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return FileHandleT(row)
+
+    async def readdir(self, fh: FileHandleT, start_id: int, token: ReaddirToken) -> None:
+        """Positions 0 and 1 are '.' and '..'; position p >= 2 is child p - 2 of the directory.
+
+        ``start_id`` is the position where the previous reply stopped, so a listing split over
+        several requests resumes exactly there.
+        """
+        rows = self.index.children(fh)
+        for position in range(start_id, len(rows) + len(DOTS)):
+            if position < len(DOTS):
+                name, row = DOTS[position], fh if position == 0 else int(self.index.parent[fh])
+            else:
+                row = rows[position - len(DOTS)]
+                name = self.index.name(row)
+            if not pyfuse3.readdir_reply(token, FileNameT(name), self._entry(row), position + 1):
+                return
+
+    async def releasedir(self, fh: FileHandleT) -> None:
+        return None
+
+    async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> FileInfo:
+        row = self._check(inode)
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if not self.index.is_file(row):
+            raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
+        return FileInfo(fh=FileHandleT(row), keep_cache=True)
+
+    async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
+        try:
+            return await self.reader.read(fh, off, size)
+        except DlfsError as exc:
+            raise pyfuse3.FUSEError(errno.EIO) from exc
+
+    async def flush(self, fh: FileHandleT) -> None:
+        return None
+
+    async def release(self, fh: FileHandleT) -> None:
+        return None
+
+    async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
+        return None
+
+    async def statfs(self, ctx: RequestContext) -> StatvfsData:
+        out = StatvfsData()
+        out.f_bsize = STATFS_BLOCK
+        out.f_frsize = STATFS_BLOCK
+        out.f_blocks = (self.index.total_stored + STATFS_BLOCK - 1) // STATFS_BLOCK
+        out.f_bfree = out.f_bavail = 0
+        out.f_files = self.index.count
+        out.f_ffree = out.f_favail = 0
+        out.f_namemax = NAME_MAX
+        return out

@@ -1,0 +1,179 @@
+"""The in-RAM index: lookup, attributes and listings served from numpy columns.
+
+Nothing here allocates per-file Python objects at load time: the columns are views into the
+memory-mapped index file, and every query touches only the rows it needs. Rows are in breadth-first
+order (see ``dlfs.format``), so the children of a directory are the contiguous run of rows whose
+``parent`` equals it, found by ``searchsorted`` on the non-decreasing ``parent`` column.
+"""
+
+from __future__ import annotations
+
+import stat
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dlfs import format as fmt
+from dlfs.errors import DatasetError, ShardError
+from dlfs.store import Store
+
+BLOCK = 512
+
+
+class Attrs(NamedTuple):
+    """What ``stat`` reports for one row; built on demand, never stored."""
+
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    size: int
+    blocks: int
+    mtime_ns: int
+
+
+class Index:
+    """Read-only view of a dataset's metadata. Row 0 is the root; inode = row + 1."""
+
+    def __init__(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], source: str) -> None:
+        self.meta = meta
+        self.source = source
+        self.dataset_id: str = meta["dataset_id"]
+        self.shard_names: list[str] = [name for name, _ in meta["shards"]]
+        self.shard_sizes: list[int] = [size for _, size in meta["shards"]]
+        self.parent = arrays["parent"]
+        self.name_off = arrays["name_off"]
+        self.names = arrays["names"]
+        self.mode = arrays["mode"]
+        self.uid = arrays["uid"]
+        self.gid = arrays["gid"]
+        self.size = arrays["size"]
+        self.mtime = arrays["mtime"]
+        self.shard = arrays["shard"]
+        self.offset = arrays["offset"]
+        self.stored = arrays["stored"]
+        self.checksum = arrays["checksum"]
+        self.flags = arrays["flags"]
+        self.links = arrays["links"]
+        self.count = int(self.parent.size)
+        self._kind = self.mode & fmt.TYPE_MASK
+        if self.count == 0 or self._kind[fmt.ROOT_ROW] != stat.S_IFDIR:
+            raise DatasetError(f"{source} has no root directory; re-run dlfs pack")
+
+    @classmethod
+    def load(cls, store: Store) -> Index:
+        source = f"{store.url}/{fmt.INDEX_NAME}"
+        decoded = fmt.decode_index(store.map_index(fmt.INDEX_NAME), source)
+        return cls(decoded.meta, decoded.arrays, source)
+
+    def check_shards(self, store: Store) -> None:
+        """Refuse a dataset whose shards are missing, truncated or from another pack run.
+
+        The mount checks this once at start rather than failing file by file later: a half-present
+        dataset is almost always a copy that went wrong, and the user should hear about it at once.
+        """
+        for number, (name, expected) in enumerate(zip(self.shard_names, self.shard_sizes, strict=True)):
+            actual = store.size(name)
+            if actual is None:
+                raise ShardError(f"shard {name} is missing from {store.url}; restore it or re-run dlfs pack")
+            if actual != expected:
+                raise ShardError(
+                    f"shard {name} in {store.url} has {actual} bytes, the index expects {expected}; "
+                    "restore it or re-run dlfs pack"
+                )
+            fmt.check_shard_header(store.read(name, 0, fmt.HEADER_SIZE), self.dataset_id, number, name)
+
+    def name(self, row: int) -> bytes:
+        return self.names[self.name_off[row] : self.name_off[row + 1]].tobytes()
+
+    def is_dir(self, row: int) -> bool:
+        return bool(self._kind[row] == stat.S_IFDIR)
+
+    def is_file(self, row: int) -> bool:
+        return bool(self._kind[row] == stat.S_IFREG)
+
+    def is_symlink(self, row: int) -> bool:
+        return bool(self._kind[row] == stat.S_IFLNK)
+
+    def children(self, row: int) -> range:
+        """Rows of a directory's entries, sorted by name; empty for non-directories."""
+        if not self.is_dir(row):
+            return range(0)
+        # Row 0's parent is itself; search from row 1 so the root is never its own child.
+        start = int(np.searchsorted(self.parent[1:], row, side="left")) + 1
+        stop = int(np.searchsorted(self.parent[1:], row, side="right")) + 1
+        return range(start, stop)
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        """Binary search of the parent's sorted children by name bytes."""
+        rows = self.children(parent)
+        lo, hi = rows.start, rows.stop
+        while lo < hi:
+            mid = (lo + hi) // 2
+            probe = self.name(mid)
+            if probe < name:
+                lo = mid + 1
+            elif probe > name:
+                hi = mid
+            else:
+                return mid
+        return None
+
+    def resolve(self, path: bytes) -> int | None:
+        """Row of a slash-separated path relative to the root ('' or '/' is the root)."""
+        row = fmt.ROOT_ROW
+        for part in path.split(b"/"):
+            if not part or part == b".":
+                continue
+            found = self.lookup(row, part)
+            if found is None:
+                return None
+            row = found
+        return row
+
+    def path(self, row: int) -> bytes:
+        """Path of a row relative to the root, without a leading slash."""
+        parts = []
+        while row != fmt.ROOT_ROW:
+            parts.append(self.name(row))
+            row = int(self.parent[row])
+        return b"/".join(reversed(parts))
+
+    def readlink(self, row: int) -> bytes:
+        start = int(self.offset[row])
+        return self.links[start : start + int(self.stored[row])].tobytes()
+
+    def attrs(self, row: int) -> Attrs:
+        mode = int(self.mode[row])
+        size = int(self.size[row])
+        if self._kind[row] == stat.S_IFDIR:
+            rows = self.children(row)
+            subdirs = int(np.count_nonzero(self._kind[rows.start : rows.stop] == stat.S_IFDIR))
+            nlink, used = 2 + subdirs, size
+        else:
+            nlink = 1
+            used = int(self.stored[row]) if self._kind[row] == stat.S_IFREG else 0
+        return Attrs(
+            mode=mode,
+            nlink=nlink,
+            uid=int(self.uid[row]),
+            gid=int(self.gid[row]),
+            size=size,
+            blocks=(used + BLOCK - 1) // BLOCK,
+            mtime_ns=int(self.mtime[row]),
+        )
+
+    def file_rows(self) -> np.ndarray:
+        """Rows of regular files in storage order (shard, offset): sequential reads for verify."""
+        rows = np.flatnonzero(self._kind == stat.S_IFREG)
+        return rows[np.lexsort((self.offset[rows], self.shard[rows]))]
+
+    @property
+    def total_stored(self) -> int:
+        return int(sum(self.shard_sizes))
+
+    def location(self, row: int) -> str:
+        """Human-readable place of a file's bytes, for error messages."""
+        shard = self.shard_names[int(self.shard[row])]
+        path = self.path(row).decode(errors="replace")
+        return f"{path} (shard {shard}, offset {int(self.offset[row])})"

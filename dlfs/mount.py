@@ -1,0 +1,207 @@
+"""Mount life cycle: check, assemble the parts, serve until unmounted; and unmount.
+
+``dlfs mount`` runs the daemon as a child process (``--foreground --ready-fd``) and returns only
+once the child reports the kernel mount is live, or relays the child's one-line error. Spawning a
+fresh interpreter instead of forking keeps threads, trio and libfuse out of a forked process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from dlfs.cache import PayloadCache
+from dlfs.errors import MountError
+from dlfs.fs import DlfsOperations
+from dlfs.index import Index
+from dlfs.reader import Reader
+from dlfs.store import open_store
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 60.0
+FSTYPE = "fuse.dlfs"
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    cache_size: int = 256 << 20
+    allow_other: bool = False
+    threads: int = 16
+    log_file: str | None = None
+    debug: bool = False
+
+
+def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
+    """The filesystem type mounted exactly at ``path``, from /proc/self/mountinfo (None if none)."""
+    target = os.fsencode(os.path.realpath(path))
+    found = None
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            left, _, right = line.partition(b" - ")
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), left.split()[4])
+            if point == target:
+                found = right.split()[0].decode()
+    return found
+
+
+def check_mountpoint(mnt: Path) -> None:
+    if not Path("/dev/fuse").exists():
+        raise MountError("/dev/fuse is missing; load the fuse module (modprobe fuse) or run where FUSE works")
+    if not mnt.exists():
+        raise MountError(f"mountpoint {mnt} does not exist; create it with mkdir")
+    if not mnt.is_dir():
+        raise MountError(f"mountpoint {mnt} is not a directory")
+    if os.path.ismount(mnt) or mounted_fstype(mnt):
+        raise MountError(f"{mnt} is already a mount point; unmount it first (dlfs umount {mnt})")
+    with os.scandir(mnt) as entries:
+        if any(True for _ in entries):
+            raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
+
+
+async def _serve() -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_terminate_on_signal)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _terminate_on_signal() -> None:
+    """SIGTERM/SIGINT end the main loop; pyfuse3.close then unmounts cleanly."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], None]) -> None:
+    """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
+    started = time.monotonic()
+    store = open_store(dataset)
+    index = Index.load(store)
+    index.check_shards(store)
+    mountpoint = Path(mnt)
+    check_mountpoint(mountpoint)
+    reader = Reader(index, store, PayloadCache(options.cache_size), max_threads=options.threads)
+    operations = DlfsOperations(index, reader)
+    fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
+    if options.allow_other:
+        fuse_options.add("allow_other")
+    if options.debug:
+        fuse_options.add("debug")
+    try:
+        pyfuse3.init(operations, str(mountpoint), fuse_options)
+    except RuntimeError as exc:
+        raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
+    log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
+    clean = False
+    try:
+        ready()
+        trio.run(_serve)
+        clean = True
+    finally:
+        pyfuse3.close(unmount=clean)
+        store.close()
+    log.info("unmounted %s", mnt)
+
+
+def _option_safe(text: str) -> str:
+    """Mount options are comma-separated; keep the dataset path from splitting them."""
+    return os.path.abspath(text).replace(",", "_").replace(" ", "_")
+
+
+def default_log_file(mnt: str) -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dlfs"
+    name = os.path.abspath(mnt).strip("/").replace("/", "_") or "root"
+    return base / f"mount-{name}.log"
+
+
+def spawn(dataset: str, mnt: str, options: MountOptions, extra_args: list[str]) -> tuple[int, Path]:
+    """Start the daemon in the background; return (pid, log file) once the mount is live."""
+    log_file = Path(options.log_file) if options.log_file else default_log_file(mnt)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    command = [
+        sys.executable,
+        "-m",
+        "dlfs.cli",
+        "mount",
+        dataset,
+        mnt,
+        "--foreground",
+        "--ready-fd",
+        str(write_end),
+        *extra_args,
+    ]
+    try:
+        with open(log_file, "ab") as log_out:
+            child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_out,
+                stderr=log_out,
+                pass_fds=(write_end,),
+                start_new_session=True,
+            )
+    finally:
+        os.close(write_end)
+    try:
+        message = _read_until_eof(read_end, READY_TIMEOUT)
+    finally:
+        os.close(read_end)
+    if message.startswith("ok"):
+        return child.pid, log_file
+    if not message:
+        try:
+            code = child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        message = f"the mount daemon exited with status {code} before it was ready; see {log_file}"
+    raise MountError(message.removeprefix("error: ").strip())
+
+
+def _read_until_eof(fd: int, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    chunks = []
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def unmount(mnt: str, lazy: bool = False) -> None:
+    fstype = mounted_fstype(mnt)
+    if fstype is None:
+        raise MountError(f"{mnt} is not mounted")
+    if fstype != FSTYPE:
+        raise MountError(f"{mnt} is a {fstype} mount, not a dlfs mount; use umount")
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = (
+        [tool, "-u", *(["-z"] if lazy else []), mnt] if tool else ["umount", *(["-l"] if lazy else []), mnt]
+    )
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        detail = (
+            result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
+        )
+        raise MountError(f"cannot unmount {mnt}: {detail}; close files that use it or pass --lazy")

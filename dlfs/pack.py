@@ -1,0 +1,463 @@
+"""``dlfs pack``: re-lay a directory tree into shards plus one index.
+
+The walk is breadth-first with each directory's entries sorted by name bytes, which is exactly the
+row order the index wants. File bytes are read by a thread pool (reads release the GIL), checksummed
+and optionally compressed there, and appended to shards in placement order by one writer. The index
+is published last with an atomic rename, and shard names carry the new dataset id, so an interrupted
+or failed pack never disturbs a dataset that already mounts and never leaves one that does.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xxhash
+from tqdm import tqdm
+
+from dlfs import __version__
+from dlfs import format as fmt
+from dlfs.errors import DatasetError, PackError
+from dlfs.index import Index
+from dlfs.store import LocalStore, ShardWriter, Store
+
+log = logging.getLogger(__name__)
+
+STREAM_CHUNK = 8 << 20
+#: Bytes the read-ahead pool may hold at once; keeps pack's memory flat on any tree.
+MAX_INFLIGHT_BYTES = 256 << 20
+ORDERS = ("source", "random")
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    shard_size: int = 1 << 30
+    jobs: int = 8
+    compress: bool = False
+    order: str = "source"
+    seed: int = 0
+    force: bool = False
+    skip_errors: bool = False
+    progress: bool = True
+
+
+@dataclass
+class PackSummary:
+    dataset_id: str = ""
+    files: int = 0
+    directories: int = 0
+    symlinks: int = 0
+    bytes: int = 0
+    stored_bytes: int = 0
+    compressed_files: int = 0
+    shards: int = 0
+    index_bytes: int = 0
+    seconds: float = 0.0
+    skipped_special: int = 0
+    skipped_errors: int = 0
+    skipped_paths: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class _Tree:
+    """Column lists filled by the walk; pack may hold per-file objects, mount may not."""
+
+    parent: list[int] = field(default_factory=list)
+    names: list[bytes] = field(default_factory=list)
+    mode: list[int] = field(default_factory=list)
+    uid: list[int] = field(default_factory=list)
+    gid: list[int] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    mtime: list[int] = field(default_factory=list)
+    links: dict[int, bytes] = field(default_factory=dict)
+    dir_paths: dict[int, bytes] = field(default_factory=dict)
+
+    def add(self, parent: int, name: bytes, st: os.stat_result) -> int:
+        self.parent.append(parent)
+        self.names.append(name)
+        self.mode.append(st.st_mode)
+        self.uid.append(st.st_uid)
+        self.gid.append(st.st_gid)
+        self.size.append(st.st_size)
+        self.mtime.append(st.st_mtime_ns)
+        return len(self.parent) - 1
+
+    def path(self, row: int) -> bytes:
+        return self.dir_paths[self.parent[row]] + b"/" + self.names[row]
+
+
+def _fail_or_skip(message: str, options: PackOptions, summary: PackSummary, path: bytes) -> None:
+    if not options.skip_errors:
+        raise PackError(f"{message}; fix it or pass --skip-errors")
+    log.warning("skipping: %s", message)
+    summary.skipped_errors += 1
+    summary.skipped_paths.append(os.fsdecode(path))
+
+
+def _walk(src: bytes, options: PackOptions, summary: PackSummary) -> _Tree:
+    tree = _Tree()
+    tree.add(fmt.ROOT_ROW, b"", os.lstat(src))
+    tree.dir_paths[fmt.ROOT_ROW] = src
+    queue = deque([fmt.ROOT_ROW])
+    while queue:
+        row = queue.popleft()
+        path = tree.dir_paths[row]
+        try:
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            stats = [(e.name, e.stat(follow_symlinks=False)) for e in entries]
+        except OSError as exc:
+            _fail_or_skip(f"cannot list {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
+            continue
+        for name, st in stats:
+            kind = stat.S_IFMT(st.st_mode)
+            child_path = path + b"/" + name
+            if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+                log.warning("skipping special file %s", os.fsdecode(child_path))
+                summary.skipped_special += 1
+                continue
+            child = tree.add(row, name, st)
+            if kind == stat.S_IFDIR:
+                tree.dir_paths[child] = child_path
+                queue.append(child)
+            elif kind == stat.S_IFLNK:
+                tree.links[child] = os.readlink(child_path)
+    return tree
+
+
+def _depth_first(parent: np.ndarray, is_dir: np.ndarray) -> np.ndarray:
+    """Rows in sorted tree (pre-)order, the natural 'source' placement: a folder's files stay together."""
+    first = np.searchsorted(parent[1:], np.arange(parent.size), side="left") + 1
+    last = np.searchsorted(parent[1:], np.arange(parent.size), side="right") + 1
+    out: list[int] = []
+    stack = [fmt.ROOT_ROW]
+    while stack:
+        row = stack.pop()
+        out.append(row)
+        if is_dir[row]:
+            stack.extend(range(int(last[row]) - 1, int(first[row]) - 1, -1))
+    return np.asarray(out, dtype=np.int64)
+
+
+def placement_order(tree_parent: np.ndarray, mode: np.ndarray, order: str, seed: int) -> np.ndarray:
+    """File rows in the order their bytes are laid into shards."""
+    kinds = mode & fmt.TYPE_MASK
+    rows = _depth_first(tree_parent, kinds == stat.S_IFDIR)
+    files = rows[kinds[rows] == stat.S_IFREG]
+    if order == "random":
+        files = np.random.default_rng(seed).permutation(files)
+    return files
+
+
+def _read_whole(path: bytes) -> bytes:
+    # O_NOFOLLOW: the walk saw a regular file; never follow a symlink swapped in since.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Payload:
+    stored: bytes
+    flags: int
+    size: int
+    checksum: int
+
+
+def _prepare(path: bytes, compress: bool) -> _Payload:
+    data = _read_whole(path)
+    stored, flags = fmt.encode_payload(data, compress)
+    return _Payload(stored, flags, len(data), fmt.checksum(data))
+
+
+class _ShardSink:
+    """Appends payloads to numbered shards, starting a new one when the target size is reached."""
+
+    def __init__(self, store: Store, dataset_id: str, target: int) -> None:
+        self.store = store
+        self.dataset_id = dataset_id
+        self.target = target
+        self.done: list[tuple[str, int]] = []
+        self.created: list[str] = []
+        self._writer: ShardWriter | None = None
+        self._pos = 0
+
+    def _roll(self) -> None:
+        self._close()
+        name = fmt.shard_name(self.dataset_id, len(self.done))
+        self.created.append(name)
+        self._writer = self.store.create(name)
+        self._writer.write(fmt.shard_header(self.dataset_id, len(self.done)))
+        self._pos = fmt.HEADER_SIZE
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.commit()
+            self.done.append((self.created[-1], self._pos))
+            self._writer = None
+
+    def place(self, length: int) -> tuple[int, int]:
+        """(shard number, offset) for the next ``length`` bytes; a file never spans shards."""
+        if self._writer is None or (self._pos > fmt.HEADER_SIZE and self._pos + length > self.target):
+            self._roll()
+        return len(self.done), self._pos
+
+    def write(self, data: bytes) -> None:
+        assert self._writer is not None
+        self._writer.write(data)
+        self._pos += len(data)
+
+    def finish(self) -> list[tuple[str, int]]:
+        self._close()
+        return self.done
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        for name in self.created:
+            self.store.delete(name)
+
+
+def _prefetched(
+    pool: ThreadPoolExecutor, tree: _Tree, rows: np.ndarray, options: PackOptions
+) -> Iterator[tuple[int, Future[_Payload] | None]]:
+    """Yield (row, future) in placement order with a bounded window of reads running ahead.
+
+    Files above fmt.WHOLE_PAYLOAD_LIMIT get None: the writer streams them itself.
+    """
+    window: deque[tuple[int, Future[_Payload] | None, int]] = deque()
+    inflight = 0
+    limit = max(4, options.jobs * 4)
+    for row in rows.tolist():
+        size = tree.size[row]
+        future = (
+            None
+            if size > fmt.WHOLE_PAYLOAD_LIMIT
+            else pool.submit(_prepare, tree.path(row), options.compress)
+        )
+        window.append((row, future, size if future else 0))
+        inflight += size if future else 0
+        while window and (len(window) > limit or inflight > MAX_INFLIGHT_BYTES):
+            done_row, done_future, charged = window.popleft()
+            inflight -= charged
+            yield done_row, done_future
+    while window:
+        done_row, done_future, _ = window.popleft()
+        yield done_row, done_future
+
+
+def _stream_into(sink: _ShardSink, path: bytes) -> _Payload:
+    """Copy a large file chunk by chunk, hashing as it goes; never compressed, never held whole."""
+    hasher = xxhash.xxh3_64()
+    total = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        while chunk := os.read(fd, STREAM_CHUNK):
+            hasher.update(chunk)
+            sink.write(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return _Payload(b"", 0, total, hasher.intdigest())
+
+
+def _check_destination(src: Path, dst: Path, store: LocalStore, options: PackOptions) -> str | None:
+    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations."""
+    if dst.exists() and not dst.is_dir():
+        raise PackError(f"destination {dst} exists and is not a directory")
+    real_src, real_dst = src.resolve(), dst.resolve()
+    if real_dst == real_src or real_src in real_dst.parents:
+        raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
+    dst.mkdir(parents=True, exist_ok=True)
+    names = store.names()
+    foreign = [n for n in names if n != fmt.INDEX_NAME and not n.endswith(fmt.SHARD_SUFFIX)]
+    foreign = [n for n in foreign if not n.startswith(f".{fmt.INDEX_NAME}.tmp")]
+    if foreign:
+        raise PackError(f"destination {dst} is not empty and is not a dlfs dataset; use an empty directory")
+    if fmt.INDEX_NAME not in names:
+        return None
+    if not options.force:
+        raise PackError(f"destination {dst} already holds a dlfs dataset; pass --force to replace it")
+    try:
+        return Index.load(store).dataset_id
+    except DatasetError:  # an unreadable old index protects nothing; it is replaced like any leftover
+        return None
+
+
+def _remove_leftovers(store: Store, keep_id: str | None) -> None:
+    """Delete shards and temp files from interrupted runs; keep the live dataset's shards."""
+    for name in store.names():
+        if name.endswith(fmt.SHARD_SUFFIX) and not (keep_id and name.startswith(keep_id + ".")):
+            log.info("removing leftover %s from an interrupted pack", name)
+            store.delete(name)
+        elif name.startswith(f".{fmt.INDEX_NAME}.tmp"):
+            store.delete(name)
+
+
+def _build_arrays(tree: _Tree, keep: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Index columns for the rows kept; renumbers parents where unreadable files were dropped."""
+    renumber = np.cumsum(keep) - 1
+    parent = renumber[np.asarray(tree.parent, dtype=np.int64)[keep]]
+    kept_rows = np.flatnonzero(keep).tolist()
+    names = [tree.names[r] for r in kept_rows]
+    name_off = np.zeros(len(names) + 1, dtype=np.uint64)
+    np.cumsum([len(n) for n in names], out=name_off[1:])
+    arrays = {name: column[keep] for name, column in columns.items()}
+    links = bytearray()
+    for new_row, old_row in enumerate(kept_rows):
+        target = tree.links.get(old_row)
+        if target is not None:
+            arrays["offset"][new_row] = len(links)
+            arrays["stored"][new_row] = len(target)
+            links.extend(target)
+    arrays.update(
+        parent=parent,
+        name_off=name_off,
+        names=np.frombuffer(b"".join(names), dtype=np.uint8),
+        links=np.frombuffer(bytes(links), dtype=np.uint8),
+    )
+    return arrays
+
+
+def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
+    """Pack ``src`` into the dataset directory ``dst``; see the module docstring for guarantees."""
+    if options.order not in ORDERS:
+        raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
+    if options.shard_size < 4096:
+        raise PackError("shard size must be at least 4 KiB")
+    src_path, dst_path = Path(src), Path(dst)
+    if not src_path.exists():
+        raise PackError(f"source {src} does not exist")
+    if not src_path.is_dir():
+        raise PackError(f"source {src} is not a directory")
+    store = LocalStore(dst_path)
+    started = time.monotonic()
+    old_id = _check_destination(src_path, dst_path, store, options)
+    lock_fd = os.open(dst_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise PackError(f"another dlfs pack is writing {dst}; wait for it to finish") from exc
+        _remove_leftovers(store, old_id)
+        summary = _pack_locked(os.fsencode(src_path), store, options)
+        if old_id:
+            _remove_leftovers(store, summary.dataset_id)
+    finally:
+        os.close(lock_fd)
+        store.close()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
+    summary = PackSummary(dataset_id=fmt.new_dataset_id())
+    tree = _walk(src, options, summary)
+    count = len(tree.parent)
+    mode = np.asarray(tree.mode, dtype=np.uint32)
+    rows = placement_order(np.asarray(tree.parent, dtype=np.int64), mode, options.order, options.seed)
+    columns = {
+        "mode": mode,
+        "uid": np.asarray(tree.uid, dtype=np.uint32),
+        "gid": np.asarray(tree.gid, dtype=np.uint32),
+        "size": np.asarray(tree.size, dtype=np.uint64),
+        "mtime": np.asarray(tree.mtime, dtype=np.int64),
+        "shard": np.zeros(count, dtype=np.uint32),
+        "offset": np.zeros(count, dtype=np.uint64),
+        "stored": np.zeros(count, dtype=np.uint64),
+        "checksum": np.zeros(count, dtype=np.uint64),
+        "flags": np.zeros(count, dtype=np.uint8),
+    }
+    keep = np.ones(count, dtype=bool)
+    sink = _ShardSink(store, summary.dataset_id, options.shard_size)
+    total = int(columns["size"][rows].sum())
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
+            try:
+                for row, future in _prefetched(pool, tree, rows, options):
+                    path = tree.path(row)
+                    try:
+                        if future is None:
+                            shard, offset = sink.place(tree.size[row])
+                            payload = _stream_into(sink, path)
+                            stored_len = payload.size
+                        else:
+                            payload = future.result()
+                            shard, offset = sink.place(len(payload.stored))
+                            sink.write(payload.stored)
+                            stored_len = len(payload.stored)
+                    except OSError as exc:
+                        _fail_or_skip(
+                            f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path
+                        )
+                        keep[row] = False
+                        continue
+                    columns["size"][row] = payload.size
+                    columns["shard"][row] = shard
+                    columns["offset"][row] = offset
+                    columns["stored"][row] = stored_len
+                    columns["checksum"][row] = payload.checksum
+                    columns["flags"][row] = payload.flags
+                    summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+                    bar.update(tree.size[row])
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
+        shards = sink.finish()
+        arrays = _build_arrays(tree, keep, columns)
+        meta = {
+            "dataset_id": summary.dataset_id,
+            "created_ns": time.time_ns(),
+            "dlfs_version": __version__,
+            "build": {
+                "source": os.fsdecode(src),
+                "shard_size": options.shard_size,
+                "compress": "lz4" if options.compress else "none",
+                "order": options.order,
+                "seed": options.seed,
+            },
+            "shards": shards,
+        }
+        index_bytes = fmt.encode_index(arrays, meta)
+        store.put_atomic(fmt.INDEX_NAME, index_bytes)
+    except BaseException:
+        sink.abort()
+        raise
+    finally:
+        bar.close()
+    kinds = arrays["mode"] & fmt.TYPE_MASK
+    summary.files = int(np.count_nonzero(kinds == stat.S_IFREG))
+    summary.directories = int(np.count_nonzero(kinds == stat.S_IFDIR))
+    summary.symlinks = int(np.count_nonzero(kinds == stat.S_IFLNK))
+    summary.bytes = int(arrays["size"][kinds == stat.S_IFREG].sum())
+    summary.stored_bytes = sum(size for _, size in shards)
+    summary.shards = len(shards)
+    summary.index_bytes = len(index_bytes)
+    return summary

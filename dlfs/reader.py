@@ -1,0 +1,126 @@
+"""File bytes from shards: fetch, decompress, verify, cache.
+
+Every byte handed out has been checked against the checksum recorded at pack time; a mismatch is an
+``IntegrityError`` (EIO at the mount), logged once per file, never wrong bytes. Files up to
+``WHOLE_PAYLOAD_LIMIT`` are read whole (one storage request, then cached); larger ones are checked
+once by streaming, then served by range.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import trio
+import xxhash
+
+from dlfs import format as fmt
+from dlfs.cache import PayloadCache
+from dlfs.errors import DlfsError, IntegrityError
+from dlfs.index import Index
+from dlfs.store import Store
+
+log = logging.getLogger(__name__)
+
+VERIFY_CHUNK = 8 << 20
+T = TypeVar("T")
+
+
+class Reader:
+    """Blocking methods (``load``, ``check``) for threads; ``read`` for the trio loop."""
+
+    def __init__(self, index: Index, store: Store, cache: PayloadCache, max_threads: int = 16) -> None:
+        self.index = index
+        self.store = store
+        self.cache = cache
+        self.storage_reads = 0
+        self.storage_bytes = 0
+        self._limiter = trio.CapacityLimiter(max_threads)
+        self._inflight: dict[int, _Pending] = {}
+        self._reported = np.zeros(index.count, dtype=bool)
+        self._verified = np.zeros(index.count, dtype=bool)
+
+    def _raw(self, row: int, offset: int, length: int) -> bytes:
+        name = self.index.shard_names[int(self.index.shard[row])]
+        self.storage_reads += 1
+        self.storage_bytes += length
+        return self.store.read(name, int(self.index.offset[row]) + offset, length)
+
+    def _report(self, row: int, error: DlfsError) -> None:
+        if not self._reported[row]:
+            self._reported[row] = True
+            log.error("%s: %s", self.index.location(row), error)
+
+    def is_whole(self, row: int) -> bool:
+        return int(self.index.size[row]) <= fmt.WHOLE_PAYLOAD_LIMIT
+
+    def load(self, row: int) -> bytes:
+        """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
+        stored = self._raw(row, 0, int(self.index.stored[row]))
+        return fmt.decode_payload(
+            stored,
+            int(self.index.flags[row]),
+            int(self.index.size[row]),
+            int(self.index.checksum[row]),
+            self.index.location(row),
+        )
+
+    def check(self, row: int) -> None:
+        """Verify one file of any size against its checksum without holding it whole."""
+        if self.is_whole(row):
+            self.load(row)
+            return
+        size = int(self.index.size[row])
+        hasher = xxhash.xxh3_64()
+        for start in range(0, size, VERIFY_CHUNK):
+            chunk = self._raw(row, start, min(VERIFY_CHUNK, size - start))
+            if not chunk:
+                break
+            hasher.update(chunk)
+        if hasher.intdigest() != int(self.index.checksum[row]):
+            raise IntegrityError(f"{self.index.location(row)}: checksum mismatch")
+
+    async def _once(self, row: int, work: Callable[[int], T]) -> T:
+        """Run ``work(row)`` in a thread; concurrent callers for the same row share one run."""
+        pending = self._inflight.get(row)
+        if pending is None:
+            pending = self._inflight[row] = _Pending()
+            try:
+                pending.result = await trio.to_thread.run_sync(work, row, limiter=self._limiter)
+            except Exception as exc:
+                pending.error = exc
+            finally:
+                del self._inflight[row]
+                pending.done.set()
+        else:
+            await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    async def read(self, row: int, offset: int, size: int) -> bytes:
+        try:
+            if self.is_whole(row):
+                data = self.cache.get(row)
+                if data is None:
+                    data = await self._once(row, self.load)
+                    self.cache.put(row, data)
+                return data[offset : offset + size]
+            if not self._verified[row]:
+                await self._once(row, self.check)
+                self._verified[row] = True
+            return await trio.to_thread.run_sync(self._raw, row, offset, size, limiter=self._limiter)
+        except DlfsError as error:
+            self._report(row, error)
+            raise
+
+
+class _Pending:
+    """One in-flight fetch that later callers for the same row wait on instead of repeating."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: Exception | None = None

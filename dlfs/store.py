@@ -1,0 +1,154 @@
+"""Where a dataset's bytes live: the small interface every backend implements.
+
+``pack`` writes through it and ``mount``/``verify`` read through it, so an object-store backend only
+has to implement these methods. Everything here is blocking: callers on the trio loop go through
+``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from dlfs.errors import DatasetError, StoreError
+
+
+class ShardWriter(Protocol):
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    def commit(self) -> None:
+        """Make the written bytes durable under the final name."""
+
+    def abort(self) -> None:
+        """Forget the partial object."""
+
+
+class Store(Protocol):
+    """A flat namespace of immutable objects (shards and the index) with ranged reads."""
+
+    url: str
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
+
+    def size(self, name: str) -> int | None:
+        """The object's size, or None when it does not exist."""
+
+    def names(self) -> list[str]: ...
+
+    def map_index(self, name: str) -> memoryview:
+        """The whole object, memory-mapped where the backend can, for zero-copy numpy views."""
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        """Publish ``data`` under ``name`` so readers see the old object or the new, never a part."""
+
+    def create(self, name: str) -> ShardWriter: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _LocalWriter:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file: BinaryIO = open(path, "wb")
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+
+    def commit(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+
+    def abort(self) -> None:
+        self._file.close()
+        self._path.unlink(missing_ok=True)
+
+
+class LocalStore:
+    """A directory on a local or network filesystem, read with ``pread`` on cached descriptors."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(name)
+                if fd is None:
+                    try:
+                        fd = os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC)
+                    except FileNotFoundError as exc:
+                        raise DatasetError(f"{name} is missing from {self.root}") from exc
+                    self._fds[name] = fd
+        return fd
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        try:
+            return os.pread(self._fd(name), length, offset)
+        except OSError as exc:
+            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+
+    def size(self, name: str) -> int | None:
+        try:
+            return (self.root / name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def names(self) -> list[str]:
+        return sorted(entry.name for entry in os.scandir(self.root) if entry.is_file())
+
+    def map_index(self, name: str) -> memoryview:
+        import mmap
+
+        path = self.root / name
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return memoryview(b"")
+                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        except FileNotFoundError as exc:
+            raise DatasetError(f"{self.root} is not a dlfs dataset (no {name}); run dlfs pack first") from exc
+        except IsADirectoryError as exc:
+            raise DatasetError(f"{path} is a directory, not a dlfs index") from exc
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        tmp = self.root / f".{name}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / name)
+        dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def create(self, name: str) -> ShardWriter:
+        return _LocalWriter(self.root / name)
+
+    def delete(self, name: str) -> None:
+        try:
+            (self.root / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self.root / name}: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def open_store(location: str | os.PathLike[str]) -> Store:
+    """The backend for a dataset location; today only local directories."""
+    return LocalStore(location)
