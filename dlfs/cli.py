@@ -260,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # File names are bytes; print the ones that are not valid UTF-8 back as the same bytes.
+    sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s", stream=sys.stderr

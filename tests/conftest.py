@@ -1,0 +1,186 @@
+"""Shared fixtures: an odd source tree, packing, and real mounts that always unmount."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+DLFS = [sys.executable, "-m", "dlfs.cli"]
+#: Small shards so every odd tree spans several of them and has a file larger than one shard.
+SMALL_SHARD = 64 * 1024
+FIXED_NS = 1_600_000_000_123_456_789
+
+
+def dlfs(
+    *args: str | os.PathLike[str], check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    result = subprocess.run(
+        [*DLFS, "-q", *map(str, args)],
+        capture_output=True,
+        text=True,
+        errors="surrogateescape",
+        timeout=timeout,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"dlfs {' '.join(map(str, args))} failed: {result.stderr}")
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """A user error: non-zero exit, one line on stderr, no traceback, and the words that help."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(mode)
+
+
+def make_odd_tree(root: Path) -> Path:
+    """Every case a real dataset throws at pack: odd names, links, empties, depth, sizes, modes."""
+    rng = __import__("random").Random(7)
+    write(root / "plain.txt", b"hello dlfs\n")
+    write(root / "empty.bin", b"")
+    write(root / "with space.txt", b"spaces\n")
+    write(root / "new\nline.txt", b"newline in name\n")
+    write(root / "ünïcødé-名前.txt", b"unicode\n")
+    write(root / "exec.sh", b"#!/bin/sh\necho hi\n", 0o755)
+    write(root / "private", b"secret\n", 0o600)
+    write(root / "readonly", b"ro\n", 0o444)
+    write(root / "compressible.txt", b"the same line again\n" * 5000)
+    write(root / "random.bin", rng.randbytes(100_000))
+    write(root / "larger-than-a-shard.bin", rng.randbytes(5 * SMALL_SHARD + 123))
+    (root / "empty-dir").mkdir()
+    (root / "empty-dir-0700").mkdir(mode=0o700)
+    deep = root / "deep"
+    for level in range(40):
+        deep = deep / f"d{level}"
+    write(deep / "leaf.txt", b"deep leaf\n")
+    for k in range(300):
+        write(root / "many" / f"file-{k:04d}.dat", rng.randbytes(rng.randint(0, 3000)))
+    for k in range(3):
+        for j in range(20):
+            write(
+                root / "classes" / f"n0000000{k}" / f"n0000000{k}_{j}.JPEG",
+                rng.randbytes(rng.randint(500, 20_000)),
+            )
+    raw = os.fsencode(root) + b"/non-utf8-\xff\xfe.bin"
+    with open(raw, "wb") as f:
+        f.write(b"latin junk name\n")
+    os.symlink("plain.txt", root / "link-to-file")
+    os.symlink("classes", root / "link-to-dir")
+    os.symlink("/etc/hostname", root / "link-absolute-outside")
+    os.symlink("../../../outside/of/src", root / "many" / "link-escaping")
+    os.symlink("does-not-exist", root / "link-dangling")
+    set_times(root)
+    return root
+
+
+def set_times(root: Path) -> None:
+    """Distinct nanosecond mtimes, set bottom-up so directory times survive their children."""
+    entries = sorted(Path(root).rglob("*"), key=lambda p: len(p.parts), reverse=True)
+    for k, path in enumerate([*entries, Path(root)]):
+        ns = FIXED_NS + k * 1_000_003
+        os.utime(path, ns=(ns, ns), follow_symlinks=False)
+
+
+def find_listing(root: Path) -> bytes:
+    """Names, types, sizes, modes, mtimes and link targets of every entry, as find prints them."""
+    out = subprocess.run(
+        ["find", ".", "-printf", r"%P %y %s %m %T@ %l\0"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return b"\0".join(sorted(out.split(b"\0")))
+
+
+@pytest.fixture
+def odd_tree(tmp_path: Path) -> Path:
+    return make_odd_tree(tmp_path / "src")
+
+
+@pytest.fixture
+def packed(odd_tree: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "dataset"
+    dlfs("pack", odd_tree, dst, "--shard-size", str(SMALL_SHARD))
+    return dst
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie of ours counts as gone.
+    status = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1]
+    return not status.startswith("Z")
+
+
+def _is_mounted(mnt: Path) -> bool:
+    target = os.fsencode(os.path.realpath(mnt))
+    with open("/proc/self/mountinfo", "rb") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def force_unmount(mnt: Path) -> None:
+    """fusermount3 -u, then lazy unmount as the last resort; never raises."""
+    for command in (["fusermount3", "-u", str(mnt)], ["fusermount3", "-u", "-z", str(mnt)]):
+        if not _is_mounted(mnt):
+            return
+        subprocess.run(command, capture_output=True, timeout=30, check=False)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+@contextmanager
+def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None) -> Iterator[Path]:
+    """Mount with the real CLI (background daemon); always unmount, reap the daemon, check its log."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    log_file = log_file or mnt.parent / f"{mnt.name}.log"
+    result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra)
+    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    try:
+        yield mnt
+    finally:
+        force_unmount(mnt)
+        if not wait_until(lambda: not _pid_alive(pid), 15):
+            os.kill(pid, signal.SIGKILL)
+        log_text = log_file.read_text(errors="replace")
+        assert "Traceback" not in log_text, log_text
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Factory: ``with mount(dataset) as mnt:`` at a fresh mountpoint under tmp_path."""
+    counter = iter(range(1000))
+
+    def factory(dataset: Path, *extra: str, log_file: Path | None = None) -> object:
+        return mounted(dataset, tmp_path / f"mnt{next(counter)}", *extra, log_file=log_file)
+
+    yield factory

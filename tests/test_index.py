@@ -1,0 +1,112 @@
+"""The index answers from numpy columns exactly what the source tree says (property-tested)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dlfs import format as fmt
+from dlfs.index import Index
+from dlfs.pack import PackOptions, pack
+from dlfs.store import LocalStore
+
+names = st.binary(min_size=1, max_size=12).filter(
+    lambda n: b"/" not in n and b"\0" not in n and n not in (b".", b"..")
+)
+trees = st.recursive(
+    st.binary(max_size=300),
+    lambda children: st.dictionaries(names, children, max_size=6),
+    max_leaves=25,
+)
+
+
+def _materialise(root: bytes, tree: dict[bytes, object]) -> None:
+    os.mkdir(root)
+    for name, child in tree.items():
+        path = root + b"/" + name
+        if isinstance(child, dict):
+            _materialise(path, child)
+        else:
+            with open(path, "wb") as f:
+                f.write(child)  # type: ignore[arg-type]
+
+
+def _pack_tree(tree: dict[bytes, object], work: Path, **options: object) -> Index:
+    work.mkdir(parents=True, exist_ok=True)
+    src = os.fsencode(work / "src")
+    _materialise(src, tree)
+    pack(os.fsdecode(src), work / "dst", PackOptions(progress=False, shard_size=4096, **options))  # type: ignore[arg-type]
+    return Index.load(LocalStore(work / "dst"))
+
+
+def _walk(tree: dict[bytes, object], prefix: bytes = b"") -> list[tuple[bytes, object]]:
+    out = []
+    for name, child in tree.items():
+        path = prefix + name
+        out.append((path, child))
+        if isinstance(child, dict):
+            out.extend(_walk(child, path + b"/"))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tree=st.dictionaries(names, trees, max_size=6), order=st.sampled_from(["source", "random"]))
+def test_index_resolves_every_path_and_lists_every_directory(tree: dict[bytes, object], order: str) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        index = _pack_tree(tree, Path(work), order=order, seed=5)
+        assert np.all(np.diff(index.parent.astype(np.int64)[1:]) >= 0), "parent column must never decrease"
+        entries = _walk(tree)
+        assert index.count == len(entries) + 1
+        for path, content in entries:
+            row = index.resolve(path)
+            assert row is not None and index.path(row) == path
+            if isinstance(content, dict):
+                assert index.is_dir(row)
+                listed = [index.name(r) for r in index.children(row)]
+                assert listed == sorted(content)
+                subdirs = sum(isinstance(c, dict) for c in content.values())
+                assert index.attrs(row).nlink == 2 + subdirs
+            else:
+                assert index.is_file(row) and index.attrs(row).size == len(content)
+                assert int(index.checksum[row]) == fmt.checksum(content)
+            assert index.lookup(row if isinstance(content, dict) else 0, b"\x00missing") is None
+        assert [index.name(r) for r in index.children(fmt.ROOT_ROW)] == sorted(tree)
+
+
+def test_children_of_a_file_is_empty_and_root_is_not_its_own_child(tmp_path: Path) -> None:
+    index = _pack_tree({b"a": b"x", b"d": {b"e": b"y"}}, tmp_path)
+    assert fmt.ROOT_ROW not in index.children(fmt.ROOT_ROW)
+    assert len(index.children(index.resolve(b"a"))) == 0
+    assert index.resolve(b"a/b") is None
+    assert stat.S_ISDIR(index.attrs(fmt.ROOT_ROW).mode)
+
+
+def test_random_order_is_seeded_and_differs_from_source_order(tmp_path: Path) -> None:
+    tree = {f"f{k:03d}".encode(): bytes([k]) * 10 for k in range(200)}
+
+    def offsets(work: Path, **options: object) -> list[int]:
+        index = _pack_tree(tree, work, **options)
+        rows = [index.resolve(name) for name in sorted(tree)]
+        return [int(index.shard[row]) * 10**9 + int(index.offset[row]) for row in rows]
+
+    source = offsets(tmp_path / "a")
+    assert source == sorted(source), "source order lays files out in tree order"
+    first = offsets(tmp_path / "b", order="random", seed=11)
+    assert first == offsets(tmp_path / "c", order="random", seed=11)
+    assert first != source and first != offsets(tmp_path / "d", order="random", seed=12)
+
+
+def test_encoded_index_round_trips_every_column() -> None:
+    rng = np.random.default_rng(0)
+    arrays = {name: rng.integers(0, 200, size=17).astype(dtype) for name, dtype in fmt.SECTIONS.items()}
+    raw = fmt.encode_index(arrays, {"dataset_id": "ab" * 16, "shards": []})
+    decoded = fmt.decode_index(memoryview(raw), "test")
+    for name in fmt.SECTIONS:
+        assert np.array_equal(decoded.arrays[name], arrays[name])
+    assert decoded.meta["dataset_id"] == "ab" * 16

@@ -1,0 +1,229 @@
+"""The mounted tree, checked with the tools users run: diff, find, stat, du, ls, df."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, find_listing, make_odd_tree
+
+
+def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
+    with mount(packed) as mnt:
+        result = subprocess.run(
+            ["diff", "-r", "--no-dereference", odd_tree, mnt], capture_output=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, result.stdout.decode(errors="replace") + result.stderr.decode()
+
+
+def test_find_sees_the_same_names_types_sizes_modes_mtimes_and_links(
+    packed: Path, odd_tree: Path, mount
+) -> None:
+    with mount(packed) as mnt:
+        assert find_listing(mnt) == find_listing(odd_tree)
+
+
+def test_stat_matches_source_for_every_entry(packed: Path, odd_tree: Path, mount) -> None:
+    with mount(packed) as mnt:
+        for src in [odd_tree, *odd_tree.rglob("*")]:
+            there = Path(mnt) / src.relative_to(odd_tree)
+            a, b = os.lstat(src), os.lstat(there)
+            assert (a.st_mode, a.st_size, a.st_mtime_ns, a.st_uid, a.st_gid) == (
+                b.st_mode,
+                b.st_size,
+                b.st_mtime_ns,
+                b.st_uid,
+                b.st_gid,
+            ), src
+            if src.is_dir() and not src.is_symlink():
+                assert a.st_nlink == b.st_nlink, src
+
+
+def test_apparent_disk_usage_matches_source(packed: Path, odd_tree: Path, mount) -> None:
+    def du(path: Path) -> str:
+        out = subprocess.run(
+            ["du", "-s", "--apparent-size", "-b", path],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        return out.split()[0]
+
+    with mount(packed) as mnt:
+        assert du(mnt) == du(odd_tree)
+        blocks = os.lstat(Path(mnt) / "random.bin").st_blocks
+        assert blocks * 512 >= 100_000
+
+
+def test_ls_long_lists_dot_entries_and_children(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        out = subprocess.run(
+            ["ls", "-la", Path(mnt) / "classes"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.splitlines()
+        names = [line.split()[-1] for line in out[1:]]
+        assert names == [".", "..", "n00000000", "n00000001", "n00000002"]
+        assert out[1].startswith("dr-x") or out[1].startswith("drwx")
+
+
+def test_statfs_reports_dataset_size_and_entry_count(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        st = os.statvfs(mnt)
+        shards = sum(p.stat().st_size for p in packed.glob("*.shard"))
+        assert st.f_blocks * st.f_frsize >= shards
+        assert st.f_files > 400
+        assert st.f_bavail == 0
+        df = subprocess.run(["df", mnt], capture_output=True, text=True, check=True, timeout=30).stdout
+        assert "dlfs:" in df
+
+
+def test_every_write_is_refused_read_only(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        mnt = Path(mnt)
+        attempts = [
+            lambda: open(mnt / "plain.txt", "ab"),
+            lambda: open(mnt / "plain.txt", "r+b"),
+            lambda: open(mnt / "new-file", "wb"),
+            lambda: os.mkdir(mnt / "new-dir"),
+            lambda: os.unlink(mnt / "plain.txt"),
+            lambda: os.rename(mnt / "plain.txt", mnt / "renamed"),
+            lambda: os.chmod(mnt / "plain.txt", 0o777),
+            lambda: os.symlink("x", mnt / "new-link"),
+            lambda: os.truncate(mnt / "plain.txt", 0),
+        ]
+        for attempt in attempts:
+            with pytest.raises(OSError) as info:
+                attempt()
+            assert info.value.errno == errno.EROFS
+        assert (mnt / "plain.txt").read_bytes() == b"hello dlfs\n"
+
+
+def test_hidden_names_and_missing_paths(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        with pytest.raises(FileNotFoundError):
+            os.stat(Path(mnt) / "nope")
+        with pytest.raises(NotADirectoryError):
+            os.listdir(Path(mnt) / "plain.txt")
+
+
+def test_large_file_over_the_whole_payload_limit_reads_back_by_range(tmp_path: Path, mount) -> None:
+    from dlfs.format import WHOLE_PAYLOAD_LIMIT
+
+    src = tmp_path / "big-src"
+    src.mkdir()
+    data = os.urandom(1 << 20) * (WHOLE_PAYLOAD_LIMIT // (1 << 20) + 3)
+    (src / "huge.bin").write_bytes(data)
+    (src / "small.txt").write_bytes(b"small\n")
+    dst = tmp_path / "big-ds"
+    dlfs("pack", src, dst, "--shard-size", "16M")
+    with mount(dst) as mnt, open(Path(mnt) / "huge.bin", "rb") as f:
+        f.seek(len(data) - 5000)
+        assert f.read() == data[-5000:]
+        f.seek(0)
+        assert f.read() == data
+    assert dlfs("verify", dst).returncode == 0
+
+
+def test_random_order_and_lz4_serve_identical_bytes(odd_tree: Path, tmp_path: Path, mount) -> None:
+    dst = tmp_path / "random-lz4"
+    dlfs(
+        "pack",
+        odd_tree,
+        dst,
+        "--order",
+        "random",
+        "--seed",
+        "3",
+        "--compress",
+        "lz4",
+        "--shard-size",
+        str(SMALL_SHARD),
+    )
+    with mount(dst) as mnt:
+        result = subprocess.run(
+            ["diff", "-r", "--no-dereference", odd_tree, mnt], capture_output=True, timeout=120, check=False
+        )
+        assert result.returncode == 0, result.stdout
+
+
+def test_many_readers_at_once_get_correct_bytes(packed: Path, odd_tree: Path, mount) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = [p for p in odd_tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    with mount(packed, "--cache-size", "64K") as mnt:
+
+        def same(p: Path) -> bool:
+            return (Path(mnt) / p.relative_to(odd_tree)).read_bytes() == p.read_bytes()
+
+        with ThreadPoolExecutor(16) as pool:
+            assert all(pool.map(same, files * 3))
+
+
+def test_special_files_are_skipped_with_a_warning(tmp_path: Path, mount) -> None:
+    import socket
+
+    src = tmp_path / "special"
+    src.mkdir()
+    (src / "regular").write_bytes(b"x")
+    os.mkfifo(src / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(src / "socket"))
+    try:
+        result = subprocess.run(
+            [*DLFS, "pack", src, tmp_path / "special-ds"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        sock.close()
+    assert result.returncode == 0, result.stderr
+    assert "skipping special file" in result.stderr and "skipped 2 special" in result.stdout
+    with mount(tmp_path / "special-ds") as mnt:
+        assert os.listdir(mnt) == ["regular"]
+
+
+def test_mount_is_refused_at_bad_mountpoints(packed: Path, tmp_path: Path, mount) -> None:
+    assert_one_line_error(dlfs("mount", packed, tmp_path / "missing", check=False), "does not exist")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    assert_one_line_error(dlfs("mount", packed, full, check=False), "not empty")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert_one_line_error(dlfs("mount", packed, a_file, check=False), "not a directory")
+    with mount(packed) as mnt:
+        assert_one_line_error(dlfs("mount", packed, mnt, check=False), "already a mount point")
+
+
+def test_mount_of_a_non_dataset_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "not-a-dataset").mkdir()
+    result = dlfs("mount", tmp_path / "not-a-dataset", tmp_path / "mnt", check=False)
+    assert_one_line_error(result, "not a dlfs dataset", "dlfs pack")
+
+
+def test_umount_of_something_not_mounted_says_so(tmp_path: Path) -> None:
+    assert_one_line_error(dlfs("umount", tmp_path, check=False), "not mounted")
+
+
+def test_umount_command_unmounts_and_the_daemon_exits(packed: Path, tmp_path: Path, mount) -> None:
+    with mount(packed) as mnt:
+        dlfs("umount", mnt)
+        assert os.listdir(mnt) == []
+
+
+def test_unicode_and_non_utf8_names_survive(tmp_path: Path, mount) -> None:
+    src = make_odd_tree(tmp_path / "names")
+    dst = tmp_path / "names-ds"
+    dlfs("pack", src, dst)
+    with mount(dst) as mnt:
+        names = set(os.listdir(os.fsencode(mnt)))
+        assert b"non-utf8-\xff\xfe.bin" in names
+        assert "ünïcødé-名前.txt".encode() in names
+        assert b"new\nline.txt" in names
+        assert (Path(mnt) / "new\nline.txt").read_bytes() == b"newline in name\n"

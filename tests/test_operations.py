@@ -1,0 +1,94 @@
+"""The FUSE adapter's handlers awaited directly: no kernel, no mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pyfuse3
+import pytest
+import trio
+
+from dlfs.cache import PayloadCache
+from dlfs.fs import DlfsOperations
+from dlfs.index import Index
+from dlfs.reader import Reader
+from dlfs.store import LocalStore
+
+
+@pytest.fixture
+def ops(packed: Path) -> DlfsOperations:
+    store = LocalStore(packed)
+    index = Index.load(store)
+    return DlfsOperations(index, Reader(index, store, PayloadCache(1 << 20)))
+
+
+def _run(fn, *args):  # type: ignore[no-untyped-def]
+    return trio.run(fn, *args)
+
+
+def test_lookup_getattr_and_read_follow_the_source(ops: DlfsOperations, odd_tree: Path) -> None:
+    classes = _run(ops.lookup, pyfuse3.ROOT_INODE, b"classes", None)
+    sub = _run(ops.lookup, classes.st_ino, b"n00000001", None)
+    entry = _run(ops.lookup, sub.st_ino, b"n00000001_3.JPEG", None)
+    expected = (odd_tree / "classes/n00000001/n00000001_3.JPEG").read_bytes()
+    assert entry.st_size == len(expected)
+    assert _run(ops.getattr, entry.st_ino, None).st_mtime_ns == entry.st_mtime_ns
+    info = _run(ops.open, entry.st_ino, os.O_RDONLY, None)
+    assert info.keep_cache
+    assert _run(ops.read, info.fh, 0, 1 << 20) == expected
+    assert _run(ops.read, info.fh, 100, 50) == expected[100:150]
+    assert _run(ops.read, info.fh, len(expected) + 10, 50) == b""
+
+
+def test_dot_and_dotdot_resolve(ops: DlfsOperations) -> None:
+    classes = _run(ops.lookup, pyfuse3.ROOT_INODE, b"classes", None)
+    assert _run(ops.lookup, classes.st_ino, b"..", None).st_ino == pyfuse3.ROOT_INODE
+    assert _run(ops.lookup, classes.st_ino, b".", None).st_ino == classes.st_ino
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda ops: ops.lookup(pyfuse3.ROOT_INODE, b"missing", None), errno.ENOENT),
+        (lambda ops: ops.getattr(10**9, None), errno.ENOENT),
+        (lambda ops: ops.open(pyfuse3.ROOT_INODE, os.O_RDONLY, None), errno.EISDIR),
+        (lambda ops: ops.opendir(ops.index.resolve(b"plain.txt") + 1, None), errno.ENOTDIR),
+        (lambda ops: ops.open(ops.index.resolve(b"plain.txt") + 1, os.O_WRONLY, None), errno.EROFS),
+        (lambda ops: ops.readlink(ops.index.resolve(b"plain.txt") + 1, None), errno.EINVAL),
+    ],
+    ids=["lookup-missing", "getattr-bad-inode", "open-dir", "opendir-file", "open-write", "readlink-file"],
+)
+def test_bad_requests_get_the_right_errno(ops: DlfsOperations, call, code: int) -> None:
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        trio.run(lambda: call(ops))
+    assert info.value.errno == code
+
+
+def test_concurrent_reads_of_one_file_share_one_storage_fetch(ops: DlfsOperations) -> None:
+    row = ops.index.resolve(b"random.bin")
+    results: list[bytes] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for k in range(10):
+
+                async def one(offset: int = k * 1000) -> None:
+                    results.append(await ops.read(row, offset, 1000))
+
+                nursery.start_soon(one)
+
+    trio.run(main)
+    assert len(results) == 10
+    assert ops.reader.storage_reads == 1
+
+
+def test_cache_never_exceeds_its_budget() -> None:
+    cache = PayloadCache(1000)
+    for k in range(50):
+        cache.put(k, bytes(k * 37 % 400))
+        assert cache.used <= 1000
+    cache.put(99, bytes(5000))
+    assert cache.get(99) is None and cache.used <= 1000
+    assert cache.evictions > 0

@@ -1,0 +1,135 @@
+"""pack's promises: clear refusals, --force, safe interruption, unreadable files, JSON summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from conftest import DLFS, assert_one_line_error, dlfs, wait_until
+
+from dlfs import format as fmt
+from dlfs.index import Index
+from dlfs.store import LocalStore
+
+
+def test_missing_or_non_directory_source_is_refused(tmp_path: Path) -> None:
+    assert_one_line_error(dlfs("pack", tmp_path / "nope", tmp_path / "dst", check=False), "does not exist")
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(dlfs("pack", tmp_path / "file", tmp_path / "dst", check=False), "not a directory")
+
+
+def test_existing_dataset_needs_force(odd_tree: Path, packed: Path) -> None:
+    old_index = (packed / fmt.INDEX_NAME).read_bytes()
+    assert_one_line_error(dlfs("pack", odd_tree, packed, check=False), "--force")
+    assert (packed / fmt.INDEX_NAME).read_bytes() == old_index
+    dlfs("pack", odd_tree, packed, "--force", "--shard-size", "64M")
+    assert (packed / fmt.INDEX_NAME).read_bytes() != old_index
+    assert len(list(packed.glob("*.shard"))) == 1, "the replaced dataset's shards are removed"
+    assert dlfs("verify", packed).returncode == 0
+
+
+def test_foreign_destination_and_destination_inside_source_are_refused(
+    odd_tree: Path, tmp_path: Path
+) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert_one_line_error(dlfs("pack", odd_tree, foreign, check=False), "not empty")
+    assert_one_line_error(dlfs("pack", odd_tree, odd_tree / "many" / "ds", check=False), "inside the source")
+
+
+def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    for k in range(3000):
+        path = src / f"d{k % 10}" / f"{k}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(32 * 1024))
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--jobs", "1"])
+    try:
+        assert wait_until(lambda: dst.exists() and any(dst.glob("*.shard")), 60)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert not (dst / fmt.INDEX_NAME).exists(), (
+        "the kill landed after the pack finished; make the tree larger"
+    )
+    (tmp_path / "mnt").mkdir()
+    assert_one_line_error(dlfs("mount", dst, tmp_path / "mnt", check=False), "not a dlfs dataset")
+    dlfs("pack", src, dst, "--shard-size", "4M")
+    index = Index.load(LocalStore(dst))
+    assert sorted(p.name for p in dst.glob("*.shard")) == sorted(index.shard_names)
+
+
+def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed: Path) -> None:
+    src = tmp_path / "bigger"
+    for k in range(3000):
+        path = src / f"{k}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(32 * 1024))
+    before = sorted(p.name for p in packed.iterdir())
+    proc = subprocess.Popen(
+        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--jobs", "1"]
+    )
+    try:
+        assert wait_until(lambda: len(list(packed.glob("*.shard"))) > len(before), 60)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == 130
+    assert sorted(p.name for p in packed.iterdir()) == before, "Ctrl-C removed the partial shards"
+    assert dlfs("verify", packed).returncode == 0
+
+
+def test_unreadable_file_fails_by_default_and_is_skipped_on_request(
+    packed: Path, tmp_path: Path, mount
+) -> None:
+    """A real EIO source: a dlfs mount with one corrupted file."""
+    from test_integrity import _flip_byte, _payload_place
+
+    shard, offset, _ = _payload_place(packed, "plain.txt")
+    _flip_byte(shard, offset)
+    with mount(packed) as mnt:
+        result = dlfs("pack", mnt, tmp_path / "out", check=False)
+        assert_one_line_error(result, "cannot read", "plain.txt", "--skip-errors")
+        assert not (tmp_path / "out" / fmt.INDEX_NAME).exists()
+        assert not list((tmp_path / "out").glob("*.shard")), "a failed pack removes its shards"
+        skipped = subprocess.run(
+            [*DLFS, "pack", mnt, tmp_path / "out", "--skip-errors", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert skipped.returncode == 0, skipped.stderr
+    summary = json.loads(skipped.stdout)
+    assert summary["skipped_errors"] == 1 and summary["skipped_paths"][0].endswith("plain.txt")
+    listing = dlfs("ls", tmp_path / "out").stdout.splitlines()
+    assert "plain.txt" not in listing and "random.bin" in listing
+    assert dlfs("verify", tmp_path / "out").returncode == 0
+
+
+def test_json_summary_counts_match_the_tree(odd_tree: Path, tmp_path: Path) -> None:
+    summary = json.loads(dlfs("pack", odd_tree, tmp_path / "ds", "--json", "--compress", "lz4").stdout)
+    files = [p for p in odd_tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    dirs = [p for p in odd_tree.rglob("*") if p.is_dir() and not p.is_symlink()]
+    assert summary["files"] == len(files)
+    assert summary["directories"] == len(dirs) + 1  # and the root
+    assert summary["symlinks"] == 5
+    assert summary["compressed_files"] >= 1
+    assert summary["stored_bytes"] < summary["bytes"]
+
+
+def test_ls_lists_the_index_without_mounting(packed: Path) -> None:
+    top = dlfs("ls", packed).stdout.splitlines()
+    assert top[:3] == ["classes", "compressible.txt", "deep"]
+    long = dlfs("ls", packed, "classes/n00000001", "-l").stdout.splitlines()
+    assert len(long) == 20 and long[0].startswith("-rw-r--r--")
+    link = dlfs("ls", packed, "link-to-file", "-l").stdout
+    assert link.strip().endswith("link-to-file -> plain.txt")
+    recursive = dlfs("ls", packed, "-R").stdout.splitlines()
+    assert "deep/d0/d1" in recursive and "classes/n00000002/n00000002_19.JPEG" in recursive
+    assert_one_line_error(dlfs("ls", packed, "no/such", check=False), "no such file")

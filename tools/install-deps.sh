@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install the Debian packages dlfs needs (FUSE 3 runtime and headers, a compiler for pyfuse3,
+# python3-venv) when any is missing. Idempotent; needs root (or sudo) only when something is missing.
+set -euo pipefail
+
+missing=()
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
+pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    2>/dev/null || missing+=(python3-dev)
+python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+echo "installing Debian packages: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null
