@@ -80,7 +80,7 @@ def _mount_args(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
-    from dlfs.mount import MountOptions, serve, spawn
+    from dlfs.mount import MountOptions, spawn
 
     options = MountOptions(
         cache_size=args.cache_size,
@@ -104,6 +104,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
             os.close(args.ready_fd)
         if args.systemd:
             _notify_systemd()
+
+    from dlfs.daemon import serve
 
     try:
         serve(args.dataset, args.mountpoint, options, ready)

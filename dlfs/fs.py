@@ -3,6 +3,11 @@
 Thin on purpose. Domain errors become errno values here and nowhere else. Inode numbers are index
 rows + 1, so the kernel's lookup counting needs no table (``forget`` has nothing to do), and entry
 and attribute timeouts are long because a packed dataset never changes.
+
+File handles are inode numbers. With the pyfuse3 build from ``tools/build_pyfuse3.py``, ``open``,
+``opendir`` and ``flush`` answer ENOSYS: the kernel then stops sending them, keeps file pages and
+directory listings cached (its defaults without an open), and hands READ/READDIR the inode. On stock
+pyfuse3 the opens are answered and carry the inode as handle, so the rest of the code is the same.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ CACHE_TIMEOUT = 24 * 3600.0
 STATFS_BLOCK = 4096
 NAME_MAX = 255
 DOTS = (b".", b"..")
+#: Directory entries prepared per step of a READDIR reply: the kernel's buffer takes a few dozen.
+READDIR_BATCH = 64
+#: True with the pyfuse3 build that passes the inode when the kernel skipped open.
+SKIP_OPEN = "inode_as_fh_without_open" in getattr(pyfuse3, "dlfs_features", ())
 
 
 def _row(inode: int) -> int:
@@ -54,8 +63,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.index = index
         self.reader = reader
 
-    def _entry(self, row: int) -> EntryAttributes:
-        a: Attrs = self.index.attrs(row)
+    def _entry(self, row: int, a: Attrs | None = None) -> EntryAttributes:
+        a = a or self.index.attrs(row)
         entry = EntryAttributes()
         entry.st_ino = _inode(row)
         entry.generation = 0
@@ -100,46 +109,55 @@ class DlfsOperations(pyfuse3.Operations):
         return FileNameT(self.index.readlink(row))
 
     async def opendir(self, inode: InodeT, ctx: RequestContext) -> FileHandleT:
-        row = self._check(inode)
-        if not self.index.is_dir(row):
+        if SKIP_OPEN:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        if not self.index.is_dir(self._check(inode)):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return FileHandleT(row)
+        return FileHandleT(inode)
 
     async def readdir(self, fh: FileHandleT, start_id: int, token: ReaddirToken) -> None:
         """Positions 0 and 1 are '.' and '..'; position p >= 2 is child p - 2 of the directory.
 
         ``start_id`` is the position where the previous reply stopped, so a listing split over
-        several requests resumes exactly there.
+        several requests resumes exactly there. Entries are prepared in small vectorised batches
+        because the kernel's buffer fills after a few dozen.
         """
-        rows = self.index.children(fh)
-        for position in range(start_id, len(rows) + len(DOTS)):
-            if position < len(DOTS):
-                name, row = DOTS[position], fh if position == 0 else int(self.index.parent[fh])
-            else:
-                row = rows[position - len(DOTS)]
-                name = self.index.name(row)
-            if not pyfuse3.readdir_reply(token, FileNameT(name), self._entry(row), position + 1):
+        row = self._check(fh)
+        rows = self.index.children(row)
+        for position in range(start_id, len(DOTS)):
+            target = row if position == 0 else int(self.index.parent[row])
+            if not pyfuse3.readdir_reply(token, FileNameT(DOTS[position]), self._entry(target), position + 1):
                 return
+        first = max(start_id - len(DOTS), 0)
+        for start in range(rows.start + first, rows.stop, READDIR_BATCH):
+            batch = range(start, min(start + READDIR_BATCH, rows.stop))
+            names = self.index.names_run(batch)
+            for child, name, attrs in zip(batch, names, self.index.attrs_run(batch), strict=True):
+                next_id = child - rows.start + len(DOTS) + 1
+                if not pyfuse3.readdir_reply(token, FileNameT(name), self._entry(child, attrs), next_id):
+                    return
 
     async def releasedir(self, fh: FileHandleT) -> None:
         return None
 
     async def open(self, inode: InodeT, flags: FlagT, ctx: RequestContext) -> FileInfo:
+        if SKIP_OPEN:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         row = self._check(inode)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
             raise pyfuse3.FUSEError(errno.EROFS)
         if not self.index.is_file(row):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
-        return FileInfo(fh=FileHandleT(row), keep_cache=True)
+        return FileInfo(fh=FileHandleT(inode), keep_cache=True)
 
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
+        row = self._check(fh)
+        if not self.index.is_file(row):
+            raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
         try:
-            return await self.reader.read(fh, off, size)
+            return await self.reader.read(row, off, size)
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
-
-    async def flush(self, fh: FileHandleT) -> None:
-        return None
 
     async def release(self, fh: FileHandleT) -> None:
         return None

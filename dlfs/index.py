@@ -144,24 +144,46 @@ class Index:
         return self.links[start : start + int(self.stored[row])].tobytes()
 
     def attrs(self, row: int) -> Attrs:
-        mode = int(self.mode[row])
-        size = int(self.size[row])
-        if self._kind[row] == stat.S_IFDIR:
-            rows = self.children(row)
-            subdirs = int(np.count_nonzero(self._kind[rows.start : rows.stop] == stat.S_IFDIR))
-            nlink, used = 2 + subdirs, size
-        else:
-            nlink = 1
-            used = int(self.stored[row]) if self._kind[row] == stat.S_IFREG else 0
-        return Attrs(
-            mode=mode,
-            nlink=nlink,
-            uid=int(self.uid[row]),
-            gid=int(self.gid[row]),
-            size=size,
-            blocks=(used + BLOCK - 1) // BLOCK,
-            mtime_ns=int(self.mtime[row]),
-        )
+        return self.attrs_run(range(row, row + 1))[0]
+
+    def attrs_run(self, rows: range) -> list[Attrs]:
+        """Attributes of consecutive rows, vectorised: one numpy slice per column, not per entry.
+
+        Blocks count the bytes actually stored (compressed, if lz4 was kept), like a compressing
+        filesystem reports them; a directory's link count is 2 + its subdirectories.
+        """
+        window = slice(rows.start, rows.stop)
+        kind = self._kind[window]
+        used = np.where(kind == stat.S_IFREG, self.stored[window], 0)
+        used = np.where(kind == stat.S_IFDIR, self.size[window], used)
+        nlink = np.ones(len(rows), dtype=np.int64)
+        for offset in np.flatnonzero(kind == stat.S_IFDIR).tolist():
+            children = self.children(rows.start + offset)
+            subdirs = self._kind[children.start : children.stop] == stat.S_IFDIR
+            nlink[offset] = 2 + int(np.count_nonzero(subdirs))
+        return [
+            Attrs(*values)
+            for values in zip(
+                self.mode[window].tolist(),
+                nlink.tolist(),
+                self.uid[window].tolist(),
+                self.gid[window].tolist(),
+                self.size[window].tolist(),
+                ((used + (BLOCK - 1)) // BLOCK).tolist(),
+                self.mtime[window].tolist(),
+                strict=True,
+            )
+        ]
+
+    def names_run(self, rows: range) -> list[bytes]:
+        """Names of consecutive rows from one slice of the names blob."""
+        bounds = self.name_off[rows.start : rows.stop + 1]
+        if bounds.size == 0:
+            return []
+        base = int(bounds[0])
+        blob = self.names[base : int(bounds[-1])].tobytes()
+        cuts = (bounds - base).tolist()
+        return [blob[cuts[k] : cuts[k + 1]] for k in range(len(rows))]
 
     def file_rows(self) -> np.ndarray:
         """Rows of regular files in storage order (shard, offset): sequential reads for verify."""

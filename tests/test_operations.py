@@ -10,6 +10,7 @@ import pyfuse3
 import pytest
 import trio
 
+from dlfs import fs
 from dlfs.cache import PayloadCache
 from dlfs.fs import DlfsOperations
 from dlfs.index import Index
@@ -35,11 +36,34 @@ def test_lookup_getattr_and_read_follow_the_source(ops: DlfsOperations, odd_tree
     expected = (odd_tree / "classes/n00000001/n00000001_3.JPEG").read_bytes()
     assert entry.st_size == len(expected)
     assert _run(ops.getattr, entry.st_ino, None).st_mtime_ns == entry.st_mtime_ns
-    info = _run(ops.open, entry.st_ino, os.O_RDONLY, None)
-    assert info.keep_cache
-    assert _run(ops.read, info.fh, 0, 1 << 20) == expected
-    assert _run(ops.read, info.fh, 100, 50) == expected[100:150]
-    assert _run(ops.read, info.fh, len(expected) + 10, 50) == b""
+    assert _run(ops.read, entry.st_ino, 0, 1 << 20) == expected
+    assert _run(ops.read, entry.st_ino, 100, 50) == expected[100:150]
+    assert _run(ops.read, entry.st_ino, len(expected) + 10, 50) == b""
+
+
+def test_opens_are_left_to_the_kernel_with_the_patched_pyfuse3(ops: DlfsOperations) -> None:
+    """ENOSYS makes the kernel stop sending OPEN/OPENDIR/FLUSH and cache pages and listings."""
+    assert fs.SKIP_OPEN, "make install builds pyfuse3 with tools/build_pyfuse3.py"
+    for call in (ops.open(2, os.O_RDONLY, None), ops.opendir(1, None), ops.flush(2)):
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            trio.run(lambda call=call: call)
+        assert info.value.errno == errno.ENOSYS
+
+
+def test_on_stock_pyfuse3_opens_are_answered_with_the_inode_as_handle(ops, monkeypatch) -> None:
+    monkeypatch.setattr(fs, "SKIP_OPEN", False)
+    inode = ops.index.resolve(b"plain.txt") + 1
+    info = _run(ops.open, inode, os.O_RDONLY, None)
+    assert info.fh == inode and info.keep_cache
+    assert _run(ops.opendir, pyfuse3.ROOT_INODE, None) == pyfuse3.ROOT_INODE
+    for call, code in [
+        (lambda: ops.open(pyfuse3.ROOT_INODE, os.O_RDONLY, None), errno.EISDIR),
+        (lambda: ops.opendir(inode, None), errno.ENOTDIR),
+        (lambda: ops.open(inode, os.O_WRONLY, None), errno.EROFS),
+    ]:
+        with pytest.raises(pyfuse3.FUSEError) as raised:
+            trio.run(call)
+        assert raised.value.errno == code
 
 
 def test_dot_and_dotdot_resolve(ops: DlfsOperations) -> None:
@@ -53,12 +77,11 @@ def test_dot_and_dotdot_resolve(ops: DlfsOperations) -> None:
     [
         (lambda ops: ops.lookup(pyfuse3.ROOT_INODE, b"missing", None), errno.ENOENT),
         (lambda ops: ops.getattr(10**9, None), errno.ENOENT),
-        (lambda ops: ops.open(pyfuse3.ROOT_INODE, os.O_RDONLY, None), errno.EISDIR),
-        (lambda ops: ops.opendir(ops.index.resolve(b"plain.txt") + 1, None), errno.ENOTDIR),
-        (lambda ops: ops.open(ops.index.resolve(b"plain.txt") + 1, os.O_WRONLY, None), errno.EROFS),
+        (lambda ops: ops.read(pyfuse3.ROOT_INODE, 0, 10), errno.EISDIR),
+        (lambda ops: ops.read(ops.index.resolve(b"link-to-file") + 1, 0, 10), errno.EINVAL),
         (lambda ops: ops.readlink(ops.index.resolve(b"plain.txt") + 1, None), errno.EINVAL),
     ],
-    ids=["lookup-missing", "getattr-bad-inode", "open-dir", "opendir-file", "open-write", "readlink-file"],
+    ids=["lookup-missing", "getattr-bad-inode", "read-dir", "read-symlink", "readlink-file"],
 )
 def test_bad_requests_get_the_right_errno(ops: DlfsOperations, call, code: int) -> None:
     with pytest.raises(pyfuse3.FUSEError) as info:
@@ -75,7 +98,7 @@ def test_concurrent_reads_of_one_file_share_one_storage_fetch(ops: DlfsOperation
             for k in range(10):
 
                 async def one(offset: int = k * 1000) -> None:
-                    results.append(await ops.read(row, offset, 1000))
+                    results.append(await ops.read(row + 1, offset, 1000))
 
                 nursery.start_soon(one)
 

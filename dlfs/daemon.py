@@ -1,0 +1,79 @@
+"""The mount daemon: assemble index, store, cache and reader behind the FUSE adapter and serve.
+
+The only module besides ``dlfs.fs`` that imports pyfuse3; run in the foreground by ``dlfs mount``'s
+child process or directly under systemd.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from dlfs.cache import PayloadCache
+from dlfs.errors import MountError
+from dlfs.fs import DlfsOperations
+from dlfs.index import Index
+from dlfs.mount import MountOptions, check_mountpoint
+from dlfs.reader import Reader
+from dlfs.store import open_store
+
+log = logging.getLogger(__name__)
+
+
+async def _serve() -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_terminate_on_signal)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _terminate_on_signal() -> None:
+    """SIGTERM/SIGINT end the main loop; pyfuse3.close then unmounts cleanly."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], None]) -> None:
+    """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
+    started = time.monotonic()
+    store = open_store(dataset)
+    index = Index.load(store)
+    index.check_shards(store)
+    mountpoint = Path(mnt)
+    check_mountpoint(mountpoint)
+    reader = Reader(index, store, PayloadCache(options.cache_size), max_threads=options.threads)
+    operations = DlfsOperations(index, reader)
+    fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
+    if options.allow_other:
+        fuse_options.add("allow_other")
+    if options.debug:
+        fuse_options.add("debug")
+    try:
+        pyfuse3.init(operations, str(mountpoint), fuse_options)
+    except RuntimeError as exc:
+        raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
+    log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
+    clean = False
+    try:
+        ready()
+        trio.run(_serve)
+        clean = True
+    finally:
+        pyfuse3.close(unmount=clean)
+        store.close()
+    log.info("unmounted %s", mnt)
+
+
+def _option_safe(text: str) -> str:
+    """Mount options are comma-separated; keep the dataset path from splitting them."""
+    return os.path.abspath(text).replace(",", "_").replace(" ", "_")

@@ -1,0 +1,91 @@
+"""Small helpers shared by the benchmark scripts: timing, medians, page-cache control, mounts."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+DLFS = [sys.executable, "-m", "dlfs.cli"]
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - started, result
+
+
+def median_of(
+    runs: int, fn: Callable[[], object], before: Callable[[], None] | None = None
+) -> dict[str, float]:
+    """Median, min and max wall time of ``runs`` calls; ``before`` runs untimed ahead of each."""
+    times = []
+    for _ in range(runs):
+        if before:
+            before()
+        times.append(timed(fn)[0])
+    return {"median": statistics.median(times), "min": min(times), "max": max(times)}
+
+
+def drop_caches() -> None:
+    """Drop the page, dentry and inode caches (root only); the benchmark says so when it cannot."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def can_drop_caches() -> bool:
+    return os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def imagefolder_scan(root: str) -> int:
+    """What torchvision's ImageFolder does at construction: find_classes, then make_dataset.
+
+    Same calls as torchvision 0.2x: ``os.scandir`` of the root for class folders, then ``os.walk`` of
+    each class folder with sorted names and an extension check (no stat of the files).
+    """
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    extensions = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+    count = 0
+    for name in classes:
+        for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for file in sorted(files):
+                if os.path.join(folder, file).lower().endswith(extensions):
+                    count += 1
+    return count
+
+
+def find_count(root: str) -> int:
+    out = subprocess.run(["find", root], capture_output=True, check=True).stdout
+    return out.count(b"\n")
+
+
+@contextmanager
+def dlfs_mount(dataset: Path, mnt: Path, *extra: str) -> Iterator[tuple[int, float]]:
+    """Mount with the real CLI; yield (daemon pid, seconds until the command returned)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    out = subprocess.run(
+        [*DLFS, "mount", str(dataset), str(mnt), *extra], capture_output=True, text=True, check=True
+    ).stdout
+    took = time.perf_counter() - started
+    pid = int(re.search(r"daemon pid (\d+)", out).group(1))  # type: ignore[union-attr]
+    try:
+        yield pid, took
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
