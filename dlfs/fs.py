@@ -82,6 +82,14 @@ class DlfsOperations(pyfuse3.Operations):
         entry.st_ctime_ns = a.mtime_ns
         return entry
 
+    @staticmethod
+    def _bare_entry(row: int, mode: int) -> EntryAttributes:
+        """What plain READDIR carries: inode and type. The kernel looks up the rest if needed."""
+        entry = EntryAttributes()
+        entry.st_ino = _inode(row)
+        entry.st_mode = pyfuse3.ModeT(mode)
+        return entry
+
     def _check(self, inode: int) -> int:
         row = _row(inode)
         if not 0 <= row < self.index.count:
@@ -120,7 +128,8 @@ class DlfsOperations(pyfuse3.Operations):
 
         ``start_id`` is the position where the previous reply stopped, so a listing split over
         several requests resumes exactly there. Entries are prepared in small vectorised batches
-        because the kernel's buffer fills after a few dozen.
+        because the kernel's buffer fills after a few hundred. For plain READDIR (the patched
+        pyfuse3's ``token.plus`` is false) only names, inodes and types are computed.
         """
         row = self._check(fh)
         rows = self.index.children(row)
@@ -129,12 +138,16 @@ class DlfsOperations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, FileNameT(DOTS[position]), self._entry(target), position + 1):
                 return
         first = max(start_id - len(DOTS), 0)
+        plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS
         for start in range(rows.start + first, rows.stop, READDIR_BATCH):
             batch = range(start, min(start + READDIR_BATCH, rows.stop))
-            names = self.index.names_run(batch)
-            for child, name, attrs in zip(batch, names, self.index.attrs_run(batch), strict=True):
+            if plus:
+                entries = map(self._entry, batch, self.index.attrs_run(batch))
+            else:
+                entries = map(self._bare_entry, batch, self.index.mode[start : batch.stop].tolist())
+            for child, name, entry in zip(batch, self.index.names_run(batch), entries, strict=True):
                 next_id = child - rows.start + len(DOTS) + 1
-                if not pyfuse3.readdir_reply(token, FileNameT(name), self._entry(child, attrs), next_id):
+                if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
                     return
 
     async def releasedir(self, fh: FileHandleT) -> None:

@@ -8,6 +8,7 @@ order (see ``dlfs.format``), so the children of a directory are the contiguous r
 
 from __future__ import annotations
 
+import mmap
 import stat
 from typing import Any, NamedTuple
 
@@ -57,13 +58,21 @@ class Index:
         self.links = arrays["links"]
         self.count = int(self.parent.size)
         self._kind = self.mode & fmt.TYPE_MASK
+        self._children_of = self.parent[1:]
+        self._parent_key = self.parent.dtype.type
         if self.count == 0 or self._kind[fmt.ROOT_ROW] != stat.S_IFDIR:
             raise DatasetError(f"{source} has no root directory; re-run dlfs pack")
 
     @classmethod
     def load(cls, store: Store) -> Index:
         source = f"{store.url}/{fmt.INDEX_NAME}"
-        decoded = fmt.decode_index(store.map_index(fmt.INDEX_NAME), source)
+        buf = store.map_index(fmt.INDEX_NAME)
+        decoded = fmt.decode_index(buf, source)
+        # The whole-file checksum touched every page. Unmap them from this process (they stay in
+        # the page cache): RSS then counts only what queries touch, and the kernel may reclaim the
+        # rest under pressure instead of the daemon pinning the whole index.
+        if isinstance(buf.obj, mmap.mmap):
+            buf.obj.madvise(mmap.MADV_DONTNEED)
         return cls(decoded.meta, decoded.arrays, source)
 
     def check_shards(self, store: Store) -> None:
@@ -99,9 +108,11 @@ class Index:
         """Rows of a directory's entries, sorted by name; empty for non-directories."""
         if not self.is_dir(row):
             return range(0)
-        # Row 0's parent is itself; search from row 1 so the root is never its own child.
-        start = int(np.searchsorted(self.parent[1:], row, side="left")) + 1
-        stop = int(np.searchsorted(self.parent[1:], row, side="right")) + 1
+        # Row 0's parent is itself; search from row 1 so the root is never its own child. The key
+        # has the column's dtype: a Python int would make numpy cast the whole column per call.
+        key = self._parent_key(row)
+        start = int(self._children_of.searchsorted(key, side="left")) + 1
+        stop = int(self._children_of.searchsorted(key, side="right")) + 1
         return range(start, stop)
 
     def lookup(self, parent: int, name: bytes) -> int | None:

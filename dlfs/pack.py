@@ -36,6 +36,11 @@ STREAM_CHUNK = 8 << 20
 #: Bytes the read-ahead pool may hold at once; keeps pack's memory flat on any tree.
 MAX_INFLIGHT_BYTES = 256 << 20
 ORDERS = ("source", "random")
+#: A pool task reads up to this many files or bytes, so tiny files do not drown in task overhead.
+BATCH_FILES = 64
+BATCH_BYTES = 4 << 20
+#: Files between refreshes of the files/s figure on the progress bar.
+PROGRESS_EVERY = 256
 
 
 @dataclass(frozen=True)
@@ -236,32 +241,67 @@ class _ShardSink:
             self.store.delete(name)
 
 
-def _prefetched(
-    pool: ThreadPoolExecutor, tree: _Tree, rows: np.ndarray, options: PackOptions
-) -> Iterator[tuple[int, Future[_Payload] | None]]:
-    """Yield (row, future) in placement order with a bounded window of reads running ahead.
+def _prepare_batch(paths: list[bytes], compress: bool) -> list[_Payload | OSError]:
+    """Read a run of files in one pool task: per-task overhead would dominate tiny files."""
+    out: list[_Payload | OSError] = []
+    for path in paths:
+        try:
+            out.append(_prepare(path, compress))
+        except OSError as exc:
+            out.append(exc)
+    return out
 
-    Files above fmt.WHOLE_PAYLOAD_LIMIT get None: the writer streams them itself.
-    """
-    window: deque[tuple[int, Future[_Payload] | None, int]] = deque()
-    inflight = 0
-    limit = max(4, options.jobs * 4)
+
+def _batches(tree: _Tree, rows: np.ndarray) -> Iterator[list[int]]:
+    """Consecutive rows grouped up to BATCH_FILES / BATCH_BYTES; a file to stream stands alone."""
+    batch: list[int] = []
+    size = 0
     for row in rows.tolist():
-        size = tree.size[row]
-        future = (
-            None
-            if size > fmt.WHOLE_PAYLOAD_LIMIT
-            else pool.submit(_prepare, tree.path(row), options.compress)
-        )
-        window.append((row, future, size if future else 0))
-        inflight += size if future else 0
-        while window and (len(window) > limit or inflight > MAX_INFLIGHT_BYTES):
-            done_row, done_future, charged = window.popleft()
-            inflight -= charged
-            yield done_row, done_future
+        big = tree.size[row] > fmt.WHOLE_PAYLOAD_LIMIT
+        if batch and (big or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        if big:
+            yield [row]
+            continue
+        batch.append(row)
+        size += tree.size[row]
+    if batch:
+        yield batch
+
+
+def _read_ahead(
+    pool: ThreadPoolExecutor, tree: _Tree, rows: np.ndarray, options: PackOptions
+) -> Iterator[tuple[int, _Payload | OSError | None]]:
+    """Yield (row, payload or read error) in placement order, reads running ahead in the pool.
+
+    At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
+    WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
+    """
+    window: deque[tuple[list[int], Future[list[_Payload | OSError]] | None, int]] = deque()
+    inflight = 0
+
+    def drain_one() -> Iterator[tuple[int, _Payload | OSError | None]]:
+        nonlocal inflight
+        batch, future, charged = window.popleft()
+        inflight -= charged
+        if future is None:
+            yield batch[0], None
+        else:
+            yield from zip(batch, future.result(), strict=True)
+
+    for batch in _batches(tree, rows):
+        if tree.size[batch[0]] > fmt.WHOLE_PAYLOAD_LIMIT:
+            window.append((batch, None, 0))
+        else:
+            charged = sum(tree.size[row] for row in batch)
+            paths = [tree.path(row) for row in batch]
+            window.append((batch, pool.submit(_prepare_batch, paths, options.compress), charged))
+            inflight += charged
+        while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
+            yield from drain_one()
     while window:
-        done_row, done_future, _ = window.popleft()
-        yield done_row, done_future
+        yield from drain_one()
 
 
 def _stream_into(sink: _ShardSink, path: bytes) -> _Payload:
@@ -387,6 +427,7 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
         "flags": np.zeros(count, dtype=np.uint8),
     }
     keep = np.ones(count, dtype=bool)
+    done, started = 0, time.monotonic()
     sink = _ShardSink(store, summary.dataset_id, options.shard_size)
     total = int(columns["size"][rows].sum())
     bar = tqdm(
@@ -401,15 +442,17 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
     try:
         with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
             try:
-                for row, future in _prefetched(pool, tree, rows, options):
+                for row, outcome in _read_ahead(pool, tree, rows, options):
                     path = tree.path(row)
                     try:
-                        if future is None:
+                        if isinstance(outcome, OSError):
+                            raise outcome
+                        if outcome is None:
                             shard, offset = sink.place(tree.size[row])
                             payload = _stream_into(sink, path)
                             stored_len = payload.size
                         else:
-                            payload = future.result()
+                            payload = outcome
                             shard, offset = sink.place(len(payload.stored))
                             sink.write(payload.stored)
                             stored_len = len(payload.stored)
@@ -426,6 +469,10 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
                     columns["checksum"][row] = payload.checksum
                     columns["flags"][row] = payload.flags
                     summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+                    done += 1
+                    if done % PROGRESS_EVERY == 0:
+                        rate = done / max(time.monotonic() - started, 1e-9)
+                        bar.set_postfix_str(f"{done:,} files, {rate:,.0f} files/s", refresh=False)
                     bar.update(tree.size[row])
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)

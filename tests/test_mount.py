@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, find_listing, make_odd_tree
+from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, find_listing, make_odd_tree, write
 
 
 def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
@@ -227,3 +227,22 @@ def test_unicode_and_non_utf8_names_survive(tmp_path: Path, mount) -> None:
         assert "ünïcødé-名前.txt".encode() in names
         assert b"new\nline.txt" in names
         assert (Path(mnt) / "new\nline.txt").read_bytes() == b"newline in name\n"
+
+
+def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(tmp_path: Path, mount) -> None:
+    src = tmp_path / "wide"
+    names = {f"{'long-name-' * 6}{k:05d}.JPEG" for k in range(4000)}
+    for name in names:
+        write(src / "cls" / name, name.encode())
+    (src / "cls" / "sub").mkdir()
+    dst = tmp_path / "wide-ds"
+    dlfs("pack", src, dst)
+    with mount(dst) as mnt:
+        listed = os.listdir(Path(mnt) / "cls")
+        assert len(listed) == len(names) + 1 and set(listed) == names | {"sub"}
+        kinds = {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(Path(mnt) / "cls")}
+        assert kinds["sub"] and not any(kinds[name] for name in names)
+        long = subprocess.run(
+            ["ls", "-l", Path(mnt) / "cls"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout.splitlines()
+        assert len(long) == len(names) + 2  # 'total' line and sub
