@@ -71,7 +71,24 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 def _mount_args(args: argparse.Namespace) -> list[str]:
     """The flags a background mount passes on to its foreground daemon."""
-    extra = ["--cache-size", str(args.cache_size), "--threads", str(args.threads)]
+    extra = [
+        "--cache-size",
+        str(args.cache_size),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--order",
+        args.order,
+        "--block",
+        str(args.block),
+        "--window",
+        str(args.window),
+        "--prefetch-budget",
+        str(args.prefetch_budget),
+        "--prefetch-inflight",
+        str(args.prefetch_inflight),
+    ]
     if args.allow_other:
         extra.append("--allow-other")
     if args.debug:
@@ -88,13 +105,19 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         threads=args.threads,
         log_file=args.log_file,
         debug=args.debug,
+        seed=args.seed,
+        order=args.order,
+        block=args.block,
+        window=args.window,
+        prefetch_budget=args.prefetch_budget,
+        prefetch_inflight=args.prefetch_inflight,
     )
     if not args.foreground:
         started = time.monotonic()
         pid, log_file = spawn(args.dataset, args.mountpoint, options, _mount_args(args))
         print(
             f"mounted {args.dataset} on {args.mountpoint} in {time.monotonic() - started:.2f} s "
-            f"(daemon pid {pid}, log {log_file})"
+            f"(daemon pid {pid}, log {log_file}); order seed {args.seed}, mode {args.order}"
         )
         return 0
 
@@ -237,6 +260,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
+    p.add_argument("--seed", type=int, default=0, help="seed of the published epoch orders (default 0)")
+    p.add_argument(
+        "--order",
+        choices=("full", "block"),
+        default="full",
+        help="published order: uniform shuffle, or block-wise for slow media (default full)",
+    )
+    p.add_argument("--block", type=int, default=64, help="files per run in --order block (default 64)")
+    p.add_argument("--window", type=int, default=4096, help="shuffle window in --order block (default 4096)")
+    p.add_argument(
+        "--prefetch-budget",
+        type=parse_size,
+        default="512M",
+        help="bytes read ahead of each reader; 0 turns read-ahead off (default 512M)",
+    )
+    p.add_argument(
+        "--prefetch-inflight",
+        type=int,
+        default=8,
+        help="storage batches the read-ahead keeps in flight (default 8)",
+    )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_mount)
 

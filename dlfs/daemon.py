@@ -17,21 +17,32 @@ import pyfuse3
 import trio
 
 from dlfs.cache import PayloadCache
+from dlfs.control import ControlTree
 from dlfs.errors import MountError
 from dlfs.fs import DlfsOperations
 from dlfs.index import Index
 from dlfs.mount import MountOptions, check_mountpoint
+from dlfs.order import OrderSpec
+from dlfs.prefetch import Prefetcher
 from dlfs.reader import Reader
 from dlfs.store import open_store
 
 log = logging.getLogger(__name__)
 
 
-async def _serve() -> None:
+async def _serve(prefetcher: Prefetcher | None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
+        if prefetcher is not None:
+            nursery.start_soon(prefetcher.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+def _push(row: int, data: bytes) -> None:
+    """Store a whole file in the kernel page cache (inode = row + 1)."""
+    if data:
+        pyfuse3.notify_store(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE), 0, data)
 
 
 async def _terminate_on_signal() -> None:
@@ -52,7 +63,23 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)
     reader = Reader(index, store, PayloadCache(options.cache_size), max_threads=options.threads)
-    operations = DlfsOperations(index, reader)
+    prefetcher = None
+    if options.prefetch_budget > 0:
+        prefetcher = Prefetcher(
+            index, reader, _push, budget=options.prefetch_budget, max_inflight=options.prefetch_inflight
+        )
+    spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
+
+    def stats() -> dict[str, object]:
+        return {
+            "requests": dict(operations.requests),
+            "cache": reader.cache.stats(),
+            "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
+            "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
+            "uptime_seconds": round(time.monotonic() - started, 3),
+        }
+
+    operations = DlfsOperations(index, reader, ControlTree(index, spec, stats), prefetcher)
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:
         fuse_options.add("allow_other")
@@ -66,7 +93,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     clean = False
     try:
         ready()
-        trio.run(_serve)
+        trio.run(_serve, prefetcher)
         clean = True
     finally:
         pyfuse3.close(unmount=clean)

@@ -15,9 +15,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 
 import pyfuse3
+import trio
 from pyfuse3 import (
     EntryAttributes,
     FileHandleT,
@@ -30,8 +32,11 @@ from pyfuse3 import (
     StatvfsData,
 )
 
+from dlfs import format as fmt
+from dlfs.control import CONTROL_NAME, ControlTree
 from dlfs.errors import DlfsError
 from dlfs.index import Attrs, Index
+from dlfs.prefetch import Prefetcher
 from dlfs.reader import Reader
 
 log = logging.getLogger(__name__)
@@ -58,18 +63,32 @@ def _inode(row: int) -> InodeT:
 class DlfsOperations(pyfuse3.Operations):
     """Read-only operations over one dataset; every mutating request is refused by the ``ro`` mount."""
 
-    def __init__(self, index: Index, reader: Reader) -> None:
+    def __init__(
+        self, index: Index, reader: Reader, control: ControlTree, prefetcher: Prefetcher | None = None
+    ) -> None:
         super().__init__()
         self.index = index
         self.reader = reader
+        self.control = control
+        self.prefetcher = prefetcher
+        self.requests: Counter[str] = Counter()
 
     def _entry(self, row: int, a: Attrs | None = None) -> EntryAttributes:
-        a = a or self.index.attrs(row)
+        return self._attributes(_inode(row), a or self.index.attrs(row), CACHE_TIMEOUT, CACHE_TIMEOUT)
+
+    async def _control_entry(self, inode: int) -> EntryAttributes:
+        """Control entries are re-resolved on every path walk (entry timeout 0): resolving an order
+        file is how a reader announces itself. Stats also expire at once, so each read is fresh."""
+        attrs = await trio.to_thread.run_sync(self.control.attrs, inode)
+        return self._attributes(inode, attrs, 0, 0 if self.control.is_volatile(inode) else CACHE_TIMEOUT)
+
+    @staticmethod
+    def _attributes(inode: int, a: Attrs, entry_timeout: float, attr_timeout: float) -> EntryAttributes:
         entry = EntryAttributes()
-        entry.st_ino = _inode(row)
+        entry.st_ino = InodeT(inode)
         entry.generation = 0
-        entry.entry_timeout = CACHE_TIMEOUT
-        entry.attr_timeout = CACHE_TIMEOUT
+        entry.entry_timeout = entry_timeout
+        entry.attr_timeout = attr_timeout
         entry.st_mode = pyfuse3.ModeT(a.mode)
         entry.st_nlink = a.nlink
         entry.st_uid = a.uid
@@ -97,6 +116,9 @@ class DlfsOperations(pyfuse3.Operations):
         return row
 
     async def lookup(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> EntryAttributes:
+        self.requests["lookup"] += 1
+        if self.control.owns(parent_inode) or (parent_inode == pyfuse3.ROOT_INODE and name == CONTROL_NAME):
+            return await self._control_lookup(parent_inode, name)
         parent = self._check(parent_inode)
         if name == b".":
             return self._entry(parent)
@@ -107,7 +129,22 @@ class DlfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._entry(row)
 
+    async def _control_lookup(self, parent_inode: int, name: bytes) -> EntryAttributes:
+        inode = self.control.lookup(parent_inode, name)
+        if inode is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if inode == pyfuse3.ROOT_INODE:
+            return self._entry(fmt.ROOT_ROW)
+        if self.control.is_order(inode):
+            reading = await trio.to_thread.run_sync(self.control.reading, inode)
+            if self.prefetcher is not None:
+                self.prefetcher.activate(reading)
+        return await self._control_entry(inode)
+
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:
+        self.requests["getattr"] += 1
+        if self.control.owns(inode):
+            return await self._control_entry(inode)
         return self._entry(self._check(inode))
 
     async def readlink(self, inode: InodeT, ctx: RequestContext) -> FileNameT:
@@ -131,6 +168,10 @@ class DlfsOperations(pyfuse3.Operations):
         because the kernel's buffer fills after a few hundred. For plain READDIR (the patched
         pyfuse3's ``token.plus`` is false) only names, inodes and types are computed.
         """
+        self.requests["readdir"] += 1
+        if self.control.owns(fh):
+            await self._control_readdir(fh, start_id, token)
+            return
         row = self._check(fh)
         rows = self.index.children(row)
         for position in range(start_id, len(DOTS)):
@@ -150,6 +191,16 @@ class DlfsOperations(pyfuse3.Operations):
                 if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
                     return
 
+    async def _control_readdir(self, inode: int, start_id: int, token: ReaddirToken) -> None:
+        listing = [(b".", inode), (b"..", self.control.lookup(inode, b"..")), *self.control.entries(inode)]
+        for position in range(start_id, len(listing)):
+            name, child = listing[position]
+            entry = (
+                self._entry(fmt.ROOT_ROW) if child == pyfuse3.ROOT_INODE else await self._control_entry(child)
+            )
+            if not pyfuse3.readdir_reply(token, FileNameT(name), entry, position + 1):
+                return
+
     async def releasedir(self, fh: FileHandleT) -> None:
         return None
 
@@ -164,13 +215,20 @@ class DlfsOperations(pyfuse3.Operations):
         return FileInfo(fh=FileHandleT(inode), keep_cache=True)
 
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
+        self.requests["read"] += 1
+        if self.control.owns(fh):
+            return await trio.to_thread.run_sync(self.control.read, fh, off, size)
         row = self._check(fh)
         if not self.index.is_file(row):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
+        if self.prefetcher is not None:
+            self.prefetcher.observe(row)
         try:
-            return await self.reader.read(row, off, size)
+            data = await self.reader.read(row, off, size)
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
+        self.requests["read_bytes"] += len(data)
+        return data
 
     async def release(self, fh: FileHandleT) -> None:
         return None

@@ -196,9 +196,27 @@ class Index:
         cuts = (bounds - base).tolist()
         return [blob[cuts[k] : cuts[k + 1]] for k in range(len(rows))]
 
+    def paths(self, rows: np.ndarray) -> list[bytes]:
+        """Paths of many rows; each directory's path is built once, not once per file."""
+        prefixes: dict[int, bytes] = {}
+        blob = self.names.tobytes()
+        starts = self.name_off[rows].tolist()
+        ends = self.name_off[rows + 1].tolist()
+        out = []
+        for parent, start, end in zip(self.parent[rows].tolist(), starts, ends, strict=True):
+            prefix = prefixes.get(parent)
+            if prefix is None:
+                prefix = prefixes[parent] = self.path(parent) + b"/" if parent != fmt.ROOT_ROW else b""
+            out.append(prefix + blob[start:end])
+        return out
+
+    def regular_rows(self) -> np.ndarray:
+        """Rows of regular files in row order."""
+        return np.flatnonzero(self._kind == stat.S_IFREG)
+
     def file_rows(self) -> np.ndarray:
         """Rows of regular files in storage order (shard, offset): sequential reads for verify."""
-        rows = np.flatnonzero(self._kind == stat.S_IFREG)
+        rows = self.regular_rows()
         return rows[np.lexsort((self.offset[rows], self.shard[rows]))]
 
     @property

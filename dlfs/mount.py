@@ -31,6 +31,12 @@ class MountOptions:
     threads: int = 16
     log_file: str | None = None
     debug: bool = False
+    seed: int = 0
+    order: str = "full"
+    block: int = 64
+    window: int = 4096
+    prefetch_budget: int = 512 << 20
+    prefetch_inflight: int = 8
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:

@@ -111,34 +111,48 @@ def _fail_or_skip(message: str, options: PackOptions, summary: PackSummary, path
     summary.skipped_paths.append(os.fsdecode(path))
 
 
-def _walk(src: bytes, options: PackOptions, summary: PackSummary) -> _Tree:
+def _list_dir(path: bytes) -> list[tuple[bytes, os.stat_result]] | OSError:
+    """One directory's entries, sorted by name bytes, with lstat results (a pool task)."""
+    try:
+        with os.scandir(path) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        return [(e.name, e.stat(follow_symlinks=False)) for e in entries]
+    except OSError as exc:
+        return exc
+
+
+def _walk(src: bytes, options: PackOptions, summary: PackSummary, pool: ThreadPoolExecutor) -> _Tree:
+    """Breadth-first, one level at a time, the level's directories listed in parallel.
+
+    Results are consumed in row order, so rows come out exactly as a sequential BFS would number
+    them; the pool only overlaps the ``lstat`` calls, which dominate on a cold tree.
+    """
     tree = _Tree()
     tree.add(fmt.ROOT_ROW, b"", os.lstat(src))
     tree.dir_paths[fmt.ROOT_ROW] = src
-    queue = deque([fmt.ROOT_ROW])
-    while queue:
-        row = queue.popleft()
-        path = tree.dir_paths[row]
-        try:
-            with os.scandir(path) as it:
-                entries = sorted(it, key=lambda e: e.name)
-            stats = [(e.name, e.stat(follow_symlinks=False)) for e in entries]
-        except OSError as exc:
-            _fail_or_skip(f"cannot list {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
-            continue
-        for name, st in stats:
-            kind = stat.S_IFMT(st.st_mode)
-            child_path = path + b"/" + name
-            if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
-                log.warning("skipping special file %s", os.fsdecode(child_path))
-                summary.skipped_special += 1
+    level = [fmt.ROOT_ROW]
+    while level:
+        next_level = []
+        listings = pool.map(_list_dir, [tree.dir_paths[row] for row in level])
+        for row, listing in zip(level, listings, strict=True):
+            path = tree.dir_paths[row]
+            if isinstance(listing, OSError):
+                _fail_or_skip(f"cannot list {os.fsdecode(path)}: {listing.strerror}", options, summary, path)
                 continue
-            child = tree.add(row, name, st)
-            if kind == stat.S_IFDIR:
-                tree.dir_paths[child] = child_path
-                queue.append(child)
-            elif kind == stat.S_IFLNK:
-                tree.links[child] = os.readlink(child_path)
+            for name, st in listing:
+                kind = stat.S_IFMT(st.st_mode)
+                child_path = path + b"/" + name
+                if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+                    log.warning("skipping special file %s", os.fsdecode(child_path))
+                    summary.skipped_special += 1
+                    continue
+                child = tree.add(row, name, st)
+                if kind == stat.S_IFDIR:
+                    tree.dir_paths[child] = child_path
+                    next_level.append(child)
+                elif kind == stat.S_IFLNK:
+                    tree.links[child] = os.readlink(child_path)
+        level = next_level
     return tree
 
 
@@ -166,11 +180,15 @@ def placement_order(tree_parent: np.ndarray, mode: np.ndarray, order: str, seed:
     return files
 
 
-def _read_whole(path: bytes) -> bytes:
+def _read_whole(path: bytes, size_hint: int) -> bytes:
+    """The file's bytes; one read call when the size seen by the walk is still right."""
     # O_NOFOLLOW: the walk saw a regular file; never follow a symlink swapped in since.
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        chunks = []
+        data = os.read(fd, size_hint + 1)
+        if len(data) <= size_hint:
+            return data
+        chunks = [data]
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         return b"".join(chunks)
@@ -186,8 +204,8 @@ class _Payload:
     checksum: int
 
 
-def _prepare(path: bytes, compress: bool) -> _Payload:
-    data = _read_whole(path)
+def _prepare(path: bytes, size_hint: int, compress: bool) -> _Payload:
+    data = _read_whole(path, size_hint)
     stored, flags = fmt.encode_payload(data, compress)
     return _Payload(stored, flags, len(data), fmt.checksum(data))
 
@@ -241,12 +259,12 @@ class _ShardSink:
             self.store.delete(name)
 
 
-def _prepare_batch(paths: list[bytes], compress: bool) -> list[_Payload | OSError]:
+def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[_Payload | OSError]:
     """Read a run of files in one pool task: per-task overhead would dominate tiny files."""
     out: list[_Payload | OSError] = []
-    for path in paths:
+    for path, size_hint in files:
         try:
-            out.append(_prepare(path, compress))
+            out.append(_prepare(path, size_hint, compress))
         except OSError as exc:
             out.append(exc)
     return out
@@ -295,8 +313,8 @@ def _read_ahead(
             window.append((batch, None, 0))
         else:
             charged = sum(tree.size[row] for row in batch)
-            paths = [tree.path(row) for row in batch]
-            window.append((batch, pool.submit(_prepare_batch, paths, options.compress), charged))
+            files = [(tree.path(row), tree.size[row]) for row in batch]
+            window.append((batch, pool.submit(_prepare_batch, files, options.compress), charged))
             inflight += charged
         while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
             yield from drain_one()
@@ -352,7 +370,7 @@ def _remove_leftovers(store: Store, keep_id: str | None) -> None:
             store.delete(name)
 
 
-def _build_arrays(tree: _Tree, keep: np.ndarray, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _build_arrays(tree: _Tree, columns: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
     """Index columns for the rows kept; renumbers parents where unreadable files were dropped."""
     renumber = np.cumsum(keep) - 1
     parent = renumber[np.asarray(tree.parent, dtype=np.int64)[keep]]
@@ -408,12 +426,79 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     return summary
 
 
-def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
-    summary = PackSummary(dataset_id=fmt.new_dataset_id())
-    tree = _walk(src, options, summary)
+@dataclass
+class _Placed:
+    """Where the write loop put each file; lists while packing, columns once at the end."""
+
+    rows: list[int] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    shard: list[int] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    stored: list[int] = field(default_factory=list)
+    checksum: list[int] = field(default_factory=list)
+    flags: list[int] = field(default_factory=list)
+
+    def add(self, row: int, payload: _Payload, shard: int, offset: int, stored: int) -> None:
+        self.rows.append(row)
+        self.size.append(payload.size)
+        self.shard.append(shard)
+        self.offset.append(offset)
+        self.stored.append(stored)
+        self.checksum.append(payload.checksum)
+        self.flags.append(payload.flags)
+
+
+def _write_payloads(
+    pool: ThreadPoolExecutor,
+    tree: _Tree,
+    rows: np.ndarray,
+    sink: _ShardSink,
+    options: PackOptions,
+    summary: PackSummary,
+) -> _Placed:
+    """Append every file to the shards in placement order; skipped files are simply not placed."""
+    placed = _Placed()
+    started = time.monotonic()
+    total = sum(tree.size[row] for row in rows.tolist())
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    ) as bar:
+        for row, outcome in _read_ahead(pool, tree, rows, options):
+            path = tree.path(row)
+            try:
+                if isinstance(outcome, OSError):
+                    raise outcome
+                if outcome is None:
+                    shard, offset = sink.place(tree.size[row])
+                    payload = _stream_into(sink, path)
+                    stored = payload.size
+                else:
+                    payload = outcome
+                    shard, offset = sink.place(len(payload.stored))
+                    sink.write(payload.stored)
+                    stored = len(payload.stored)
+            except OSError as exc:
+                _fail_or_skip(f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
+                continue
+            placed.add(row, payload, shard, offset, stored)
+            summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+            if len(placed.rows) % PROGRESS_EVERY == 0:
+                rate = len(placed.rows) / max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{len(placed.rows):,} files, {rate:,.0f} files/s", refresh=False)
+            bar.update(tree.size[row])
+    return placed
+
+
+def _columns(tree: _Tree, placed: _Placed) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Index columns for every walked row, and which rows to keep (files that failed are dropped)."""
     count = len(tree.parent)
     mode = np.asarray(tree.mode, dtype=np.uint32)
-    rows = placement_order(np.asarray(tree.parent, dtype=np.int64), mode, options.order, options.seed)
     columns = {
         "mode": mode,
         "uid": np.asarray(tree.uid, dtype=np.uint32),
@@ -426,79 +511,46 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
         "checksum": np.zeros(count, dtype=np.uint64),
         "flags": np.zeros(count, dtype=np.uint8),
     }
-    keep = np.ones(count, dtype=bool)
-    done, started = 0, time.monotonic()
+    rows = np.asarray(placed.rows, dtype=np.int64)
+    for name in ("size", "shard", "offset", "stored", "checksum", "flags"):
+        columns[name][rows] = np.asarray(getattr(placed, name), dtype=columns[name].dtype)
+    keep = (mode & fmt.TYPE_MASK) != stat.S_IFREG
+    keep[rows] = True
+    return columns, keep
+
+
+def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
+    summary = PackSummary(dataset_id=fmt.new_dataset_id())
     sink = _ShardSink(store, summary.dataset_id, options.shard_size)
-    total = int(columns["size"][rows].sum())
-    bar = tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=not options.progress,
-        desc="pack",
-        dynamic_ncols=True,
-    )
-    try:
-        with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
-            try:
-                for row, outcome in _read_ahead(pool, tree, rows, options):
-                    path = tree.path(row)
-                    try:
-                        if isinstance(outcome, OSError):
-                            raise outcome
-                        if outcome is None:
-                            shard, offset = sink.place(tree.size[row])
-                            payload = _stream_into(sink, path)
-                            stored_len = payload.size
-                        else:
-                            payload = outcome
-                            shard, offset = sink.place(len(payload.stored))
-                            sink.write(payload.stored)
-                            stored_len = len(payload.stored)
-                    except OSError as exc:
-                        _fail_or_skip(
-                            f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path
-                        )
-                        keep[row] = False
-                        continue
-                    columns["size"][row] = payload.size
-                    columns["shard"][row] = shard
-                    columns["offset"][row] = offset
-                    columns["stored"][row] = stored_len
-                    columns["checksum"][row] = payload.checksum
-                    columns["flags"][row] = payload.flags
-                    summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
-                    done += 1
-                    if done % PROGRESS_EVERY == 0:
-                        rate = done / max(time.monotonic() - started, 1e-9)
-                        bar.set_postfix_str(f"{done:,} files, {rate:,.0f} files/s", refresh=False)
-                    bar.update(tree.size[row])
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)
-                raise
-        shards = sink.finish()
-        arrays = _build_arrays(tree, keep, columns)
-        meta = {
-            "dataset_id": summary.dataset_id,
-            "created_ns": time.time_ns(),
-            "dlfs_version": __version__,
-            "build": {
-                "source": os.fsdecode(src),
-                "shard_size": options.shard_size,
-                "compress": "lz4" if options.compress else "none",
-                "order": options.order,
-                "seed": options.seed,
-            },
-            "shards": shards,
-        }
-        index_bytes = fmt.encode_index(arrays, meta)
-        store.put_atomic(fmt.INDEX_NAME, index_bytes)
-    except BaseException:
-        sink.abort()
-        raise
-    finally:
-        bar.close()
+    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
+        try:
+            tree = _walk(src, options, summary, pool)
+            parent = np.asarray(tree.parent, dtype=np.int64)
+            rows = placement_order(
+                parent, np.asarray(tree.mode, dtype=np.uint32), options.order, options.seed
+            )
+            placed = _write_payloads(pool, tree, rows, sink, options, summary)
+            shards = sink.finish()
+            arrays = _build_arrays(tree, *_columns(tree, placed))
+            meta = {
+                "dataset_id": summary.dataset_id,
+                "created_ns": time.time_ns(),
+                "dlfs_version": __version__,
+                "build": {
+                    "source": os.fsdecode(src),
+                    "shard_size": options.shard_size,
+                    "compress": "lz4" if options.compress else "none",
+                    "order": options.order,
+                    "seed": options.seed,
+                },
+                "shards": shards,
+            }
+            index_bytes = fmt.encode_index(arrays, meta)
+            store.put_atomic(fmt.INDEX_NAME, index_bytes)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            sink.abort()
+            raise
     kinds = arrays["mode"] & fmt.TYPE_MASK
     summary.files = int(np.count_nonzero(kinds == stat.S_IFREG))
     summary.directories = int(np.count_nonzero(kinds == stat.S_IFDIR))

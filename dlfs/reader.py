@@ -43,10 +43,15 @@ class Reader:
         self._verified = np.zeros(index.count, dtype=bool)
 
     def _raw(self, row: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of a file's stored payload, starting ``offset`` bytes into it."""
+        return self.fetch_range(row, int(self.index.offset[row]) + offset, length)
+
+    def fetch_range(self, row: int, shard_offset: int, length: int) -> bytes:
+        """Any byte range of the shard holding ``row``; read-ahead uses it to cover neighbours."""
         name = self.index.shard_names[int(self.index.shard[row])]
         self.storage_reads += 1
         self.storage_bytes += length
-        return self.store.read(name, int(self.index.offset[row]) + offset, length)
+        return self.store.read(name, shard_offset, length)
 
     def _report(self, row: int, error: DlfsError) -> None:
         if not self._reported[row]:
@@ -58,7 +63,10 @@ class Reader:
 
     def load(self, row: int) -> bytes:
         """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
-        stored = self._raw(row, 0, int(self.index.stored[row]))
+        return self.decode(row, self._raw(row, 0, int(self.index.stored[row])))
+
+    def decode(self, row: int, stored: bytes) -> bytes:
+        """Stored payload -> original bytes, verified against the file's checksum."""
         return fmt.decode_payload(
             stored,
             int(self.index.flags[row]),

@@ -51,10 +51,15 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+WRITE_BUFFER = 4 << 20
+
+
 class _LocalWriter:
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._file: BinaryIO = open(path, "wb")
+        # A large buffer: the packer appends many small payloads, and every flush is a syscall
+        # during which the writing thread may lose the GIL to the reader threads.
+        self._file: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
 
     def write(self, data: bytes | memoryview) -> None:
         self._file.write(data)

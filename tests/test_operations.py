@@ -12,8 +12,10 @@ import trio
 
 from dlfs import fs
 from dlfs.cache import PayloadCache
+from dlfs.control import ControlTree
 from dlfs.fs import DlfsOperations
 from dlfs.index import Index
+from dlfs.order import OrderSpec
 from dlfs.reader import Reader
 from dlfs.store import LocalStore
 
@@ -22,7 +24,9 @@ from dlfs.store import LocalStore
 def ops(packed: Path) -> DlfsOperations:
     store = LocalStore(packed)
     index = Index.load(store)
-    return DlfsOperations(index, Reader(index, store, PayloadCache(1 << 20)))
+    return DlfsOperations(
+        index, Reader(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
+    )
 
 
 def _run(fn, *args):  # type: ignore[no-untyped-def]

@@ -1,0 +1,197 @@
+"""The hidden control tree at ``MNT/.dlfs``: published epoch orders, live stats, mount config.
+
+``readdir`` of the mount root never lists ``.dlfs`` (so ImageFolder never takes it for a class),
+but ``lookup`` resolves it, like ZFS's ``.zfs``. The protocol (documented in the README):
+
+- ``.dlfs/order/epoch-E`` and ``.dlfs/order/epoch-E.rank-R-of-W``: the files rank R of W reads in
+  epoch E, one path relative to the mount root per line, in order. A backslash or newline inside a
+  name is written as ``\\\\`` or ``\\n``. Resolving one tells the daemon that this epoch and rank are
+  being read on this node, so the read-ahead starts following it.
+- ``.dlfs/stats``: JSON counters, fresh on every read.
+- ``.dlfs/config``: JSON: seed, order mode, dataset id, format version.
+
+Inode numbers start after the dataset's own, so they never collide with index rows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlfs import format as fmt
+from dlfs.index import Attrs, Index
+from dlfs.order import OrderSpec, epoch_order
+
+CONTROL_NAME = b".dlfs"
+MOUNT_ROOT = fmt.ROOT_ROW + 1
+ORDER_NAME = b"order"
+STATS_NAME = b"stats"
+CONFIG_NAME = b"config"
+ORDER_FILE = re.compile(rb"epoch-(\d+)(?:\.rank-(\d+)-of-(\d+))?")
+#: Order files kept generated at once; each is up to a few tens of MB for ImageNet.
+ORDER_CACHE = 8
+DIR_MODE = stat.S_IFDIR | 0o555
+FILE_MODE = stat.S_IFREG | 0o444
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One published sequence being read on this node: (epoch, world size, rank) and its rows."""
+
+    epoch: int
+    world_size: int
+    rank: int
+    rows: np.ndarray
+
+
+def escape(path: bytes) -> bytes:
+    if b"\\" in path or b"\n" in path:
+        return path.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
+    return path
+
+
+def unescape(line: str) -> str:
+    """Inverse of ``escape`` on one decoded line (used by the sampler)."""
+    if "\\" not in line:
+        return line
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
+
+
+class ControlTree:
+    """Plain-Python model of ``.dlfs``; the FUSE adapter only forwards to it."""
+
+    def __init__(self, index: Index, spec: OrderSpec, stats: Callable[[], dict[str, object]]) -> None:
+        self.index = index
+        self.spec = spec
+        self._stats = stats
+        self._lock = threading.Lock()
+        self.root = index.count + 1
+        self.order_dir = self.root + 1
+        self.stats_file = self.root + 2
+        self.config_file = self.root + 3
+        self._first_order = self.root + 16
+        self._order_keys: dict[tuple[int, int, int], int] = {}
+        self._order_inodes: list[tuple[int, int, int]] = []
+        self._contents: OrderedDict[int, tuple[Reading, bytes]] = OrderedDict()
+        self._stats_snapshot = b"{}\n"
+        self._stats_time = time.time_ns()
+        self._mounted_at = time.time_ns()
+        self._files: dict[str, np.ndarray] = {}
+
+    def owns(self, inode: int) -> bool:
+        return self.root <= inode <= self.config_file or self.is_order(inode)
+
+    def is_order(self, inode: int) -> bool:
+        return 0 <= inode - self._first_order < len(self._order_inodes)
+
+    def is_volatile(self, inode: int) -> bool:
+        """Whose attributes and bytes change while mounted (the kernel must not cache them)."""
+        return inode == self.stats_file
+
+    def entries(self, inode: int) -> list[tuple[bytes, int]]:
+        if inode == self.root:
+            return [
+                (ORDER_NAME, self.order_dir),
+                (STATS_NAME, self.stats_file),
+                (CONFIG_NAME, self.config_file),
+            ]
+        return []
+
+    def lookup(self, parent: int, name: bytes) -> int | None:
+        """Inode of ``name`` in ``parent`` (the mount root or a control directory), else None."""
+        if parent == MOUNT_ROOT:
+            return self.root if name == CONTROL_NAME else None
+        if name in (b".", b".."):
+            up = {self.root: MOUNT_ROOT, self.order_dir: self.root}
+            return parent if name == b"." else up.get(parent)
+        if parent == self.root:
+            return dict(self.entries(self.root)).get(name)
+        if parent != self.order_dir:
+            return None
+        match = ORDER_FILE.fullmatch(name)
+        if not match:
+            return None
+        epoch = int(match.group(1))
+        rank, world = (int(match.group(2)), int(match.group(3))) if match.group(2) else (0, 1)
+        if not 0 <= rank < world:
+            return None
+        key = (epoch, world, rank)
+        if key not in self._order_keys:
+            self._order_keys[key] = self._first_order + len(self._order_inodes)
+            self._order_inodes.append(key)
+        return self._order_keys[key]
+
+    def attrs(self, inode: int) -> Attrs:
+        if inode in (self.root, self.order_dir):
+            return Attrs(DIR_MODE, 2, 0, 0, 0, 0, self._mounted_at)
+        if inode == self.stats_file:
+            self._stats_snapshot = (json.dumps(self._stats(), indent=2, sort_keys=True) + "\n").encode()
+            self._stats_time = time.time_ns()
+            return self._file_attrs(self._stats_snapshot, self._stats_time)
+        return self._file_attrs(self.content(inode), self._mounted_at)
+
+    @staticmethod
+    def _file_attrs(data: bytes, mtime_ns: int) -> Attrs:
+        return Attrs(FILE_MODE, 1, 0, 0, len(data), (len(data) + 511) // 512, mtime_ns)
+
+    def content(self, inode: int) -> bytes:
+        if inode == self.stats_file:
+            return self._stats_snapshot
+        if inode == self.config_file:
+            return (json.dumps(self.config(), indent=2, sort_keys=True) + "\n").encode()
+        return self._order(inode)[1]
+
+    def reading(self, inode: int) -> Reading:
+        """The sequence behind an order file (generating it if needed: may take a second)."""
+        return self._order(inode)[0]
+
+    def read(self, inode: int, offset: int, size: int) -> bytes:
+        return self.content(inode)[offset : offset + size]
+
+    def config(self) -> dict[str, object]:
+        return {
+            "dataset_id": self.index.dataset_id,
+            "format_version": fmt.FORMAT_VERSION,
+            "files": int(self.files().size),
+            "seed": self.spec.seed,
+            "mode": self.spec.mode,
+            "block": self.spec.block,
+            "window": self.spec.window,
+        }
+
+    def files(self) -> np.ndarray:
+        """The file list the order's positions index: storage order for ``block``, rows otherwise."""
+        if self.spec.mode not in self._files:
+            rows = self.index.file_rows() if self.spec.mode == "block" else self.index.regular_rows()
+            self._files[self.spec.mode] = rows
+        return self._files[self.spec.mode]
+
+    def _order(self, inode: int) -> tuple[Reading, bytes]:
+        """The sequence and the published text of an order file, generated once and kept (LRU).
+
+        Called from worker threads (generating 1.28 M paths takes about a second), hence the lock.
+        """
+        with self._lock:
+            cached = self._contents.get(inode)
+            if cached is not None:
+                self._contents.move_to_end(inode)
+                return cached
+            return self._generate(inode)
+
+    def _generate(self, inode: int) -> tuple[Reading, bytes]:
+        epoch, world, rank = self._order_inodes[inode - self._first_order]
+        files = self.files()
+        reading = Reading(epoch, world, rank, files[epoch_order(files.size, self.spec, epoch, world, rank)])
+        text = b"".join(escape(path) + b"\n" for path in self.index.paths(reading.rows))
+        self._contents[inode] = (reading, text)
+        if len(self._contents) > ORDER_CACHE:
+            self._contents.popitem(last=False)
+        return reading, text

@@ -1,0 +1,255 @@
+"""The read-ahead engine: follow each published sequence a reader is in, fetch ahead of it.
+
+For every sequence being read on this node (an ``.dlfs/order`` file was resolved), the engine keeps
+the next ``budget`` bytes of files fetched from storage, verified, and pushed into the kernel's page
+cache with ``notify_store``. The reader's ``open``/``read`` of a pushed file then never reaches the
+daemon at all. Where the kernel does not know a file's inode yet (it was never looked up), the push
+is refused and the payload waits in the daemon's cache for the read instead.
+
+The reader's position is learned from the reads that do reach the daemon. Because pushed files are
+invisible, every ``sentinel_every``-th file of a window is deliberately *not* pushed but kept in the
+daemon's cache: reaching it costs the reader one quick round trip and tells the engine how far the
+reader got, so the window moves on. Positions far behind the cursor mean the epoch restarted.
+
+Neighbouring files of one shard are fetched with one storage read (coalescing); at most
+``max_inflight`` storage batches run at once; bytes ahead of the reader never exceed the budget.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from dlfs.control import Reading
+from dlfs.errors import DlfsError
+from dlfs.index import Index
+from dlfs.reader import Reader
+
+log = logging.getLogger(__name__)
+
+#: Storage reads of one shard are merged when the gap between two files is at most this.
+COALESCE_GAP = 256 << 10
+#: One fetch task covers up to this many bytes of upcoming files.
+BATCH_BYTES = 8 << 20
+BATCH_FILES = 256
+#: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
+MAX_READINGS = 16
+
+Push = Callable[[int, bytes], None]
+
+
+@dataclass
+class _Follow:
+    """Where one published sequence stands: consumed up to ``cursor``, fetched up to ``fetched``."""
+
+    reading: Reading
+    position: np.ndarray  # row -> first position in the sequence, or -1
+    sizes: np.ndarray  # cumulative bytes of the sequence, for O(1) window sizes
+    cursor: int = 0
+    fetched: int = 0
+
+    def ahead_bytes(self) -> int:
+        return int(self.sizes[self.fetched] - self.sizes[min(self.cursor, self.fetched)])
+
+
+@dataclass
+class PrefetchStats:
+    issued_files: int = 0
+    issued_bytes: int = 0
+    storage_reads: int = 0
+    pushed_files: int = 0
+    push_refused: int = 0
+    held_files: int = 0
+    used_files: int = 0
+    wasted_files: int = 0
+    restarts: int = 0
+    misses_ahead: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class Prefetcher:
+    def __init__(
+        self,
+        index: Index,
+        reader: Reader,
+        push: Push | None,
+        budget: int = 512 << 20,
+        max_inflight: int = 8,
+        sentinel_every: int = 64,
+    ) -> None:
+        self.index = index
+        self.reader = reader
+        self.push = push
+        self.budget = budget
+        self.max_inflight = max_inflight
+        self.sentinel_every = sentinel_every
+        self.stats = PrefetchStats()
+        self._follows: dict[tuple[int, int, int], _Follow] = {}
+        self._inflight = 0
+        self._wake = trio.Event()
+
+    def activate(self, reading: Reading) -> None:
+        """A published sequence is being read here: start (or restart) following it."""
+        key = (reading.epoch, reading.world_size, reading.rank)
+        if key in self._follows:
+            return
+        if len(self._follows) >= MAX_READINGS:
+            oldest = next(iter(self._follows))
+            self._drop(self._follows.pop(oldest))
+        position = np.full(self.index.count, -1, dtype=np.int64)
+        position[reading.rows[::-1]] = np.arange(reading.rows.size - 1, -1, -1)
+        sizes = np.zeros(reading.rows.size + 1, dtype=np.int64)
+        np.cumsum(self.index.size[reading.rows], out=sizes[1:])
+        self._follows[key] = _Follow(reading, position, sizes)
+        log.info(
+            "following epoch %d rank %d of %d (%d files)",
+            reading.epoch,
+            reading.rank,
+            reading.world_size,
+            reading.rows.size,
+        )
+        self._wake.set()
+
+    def observe(self, row: int) -> None:
+        """A read of ``row`` reached the daemon: move the cursor of every sequence holding it."""
+        for follow in self._follows.values():
+            pos = int(follow.position[row])
+            if pos < 0:
+                continue
+            if pos >= follow.cursor:
+                if pos >= follow.fetched:
+                    self.stats.misses_ahead += 1
+                    follow.fetched = pos
+                self.stats.used_files += pos - follow.cursor
+                follow.cursor = pos
+            elif pos < follow.cursor - self._window_files(follow):
+                self.stats.restarts += 1
+                follow.cursor = follow.fetched = pos
+        self._wake.set()
+
+    def _window_files(self, follow: _Follow) -> int:
+        ahead = np.searchsorted(follow.sizes, follow.sizes[follow.cursor] + self.budget)
+        return max(int(ahead) - follow.cursor, self.sentinel_every)
+
+    def _drop(self, follow: _Follow) -> None:
+        self.stats.wasted_files += max(follow.fetched - follow.cursor, 0)
+
+    async def run(self) -> None:
+        """Background task: keep every followed window full. Runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                for follow in list(self._follows.values()):
+                    while self._inflight < self.max_inflight and follow.fetched < follow.reading.rows.size:
+                        if follow.ahead_bytes() >= self.budget:
+                            break
+                        start = follow.fetched
+                        stop = self._batch_end(follow, start)
+                        follow.fetched = stop
+                        self._inflight += 1
+                        nursery.start_soon(self._fetch, follow, start, stop)
+
+    def _batch_end(self, follow: _Follow, start: int) -> int:
+        """End of the next fetch: one batch, never past the budget ahead of the cursor (>= 1 file)."""
+        limit = min(follow.sizes[start] + BATCH_BYTES, follow.sizes[min(follow.cursor, start)] + self.budget)
+        stop = int(np.searchsorted(follow.sizes, limit, side="right")) - 1
+        return min(max(stop, start + 1), start + BATCH_FILES, follow.reading.rows.size)
+
+    async def _fetch(self, follow: _Follow, start: int, stop: int) -> None:
+        try:
+            rows = follow.reading.rows[start:stop]
+            loaded = await trio.to_thread.run_sync(self._load, rows)
+            held, to_push = [], []
+            for position, row, data in zip(range(start, stop), rows.tolist(), loaded, strict=True):
+                if data is None:
+                    continue
+                sentinel = self.push is None or position % self.sentinel_every == 0
+                (held if sentinel else to_push).append((row, data))
+            if to_push:
+                held += await trio.to_thread.run_sync(self._push_all, to_push)
+            for row, data in held:
+                self.reader.cache.put(row, data)
+            self.stats.held_files += len(held)
+        finally:
+            self._inflight -= 1
+            self._wake.set()
+
+    def _load(self, rows: np.ndarray) -> list[bytes | None]:
+        """Fetch, verify and decode a run of files; neighbours in one shard share a storage read."""
+        out: list[bytes | None] = [None] * rows.size
+        shards = self.index.shard[rows]
+        offsets = self.index.offset[rows].astype(np.int64)
+        ends = offsets + self.index.stored[rows].astype(np.int64)
+        order = np.lexsort((offsets, shards))
+        k = 0
+        while k < order.size:
+            group = [int(order[k])]
+            while (
+                k + 1 < order.size
+                and shards[order[k + 1]] == shards[group[0]]
+                and offsets[order[k + 1]] - ends[group[-1]] <= COALESCE_GAP
+                and ends[order[k + 1]] - offsets[group[0]] <= 2 * BATCH_BYTES
+            ):
+                k += 1
+                group.append(int(order[k]))
+            k += 1
+            begin = int(offsets[group[0]])
+            span = int(max(ends[i] for i in group)) - begin
+            self.stats.storage_reads += 1
+            try:
+                blob = self.reader.fetch_range(int(rows[group[0]]), begin, span)
+            except DlfsError as exc:
+                log.warning("read-ahead of shard %d failed: %s", int(shards[group[0]]), exc)
+                continue
+            for i in group:
+                row = int(rows[i])
+                if not self.reader.is_whole(row):
+                    continue
+                try:
+                    out[i] = self.reader.decode(row, blob[int(offsets[i]) - begin : int(ends[i]) - begin])
+                except DlfsError:
+                    continue  # the reader's own read will fail with EIO and log it
+        self.stats.issued_files += sum(data is not None for data in out)
+        self.stats.issued_bytes += sum(len(data) for data in out if data is not None)
+        return out
+
+    def _push_all(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """Push into the kernel page cache (worker thread: never on the loop that answers reads)."""
+        assert self.push is not None
+        refused = []
+        for row, data in items:
+            try:
+                self.push(row, data)
+                self.stats.pushed_files += 1
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    log.warning("notify_store of %s failed: %s", self.index.location(row), exc)
+                self.stats.push_refused += 1
+                refused.append((row, data))
+        return refused
+
+    def snapshot(self) -> dict[str, object]:
+        follows = {
+            f"epoch-{key[0]}.rank-{key[2]}-of-{key[1]}": {
+                "files": int(f.reading.rows.size),
+                "cursor": f.cursor,
+                "fetched": f.fetched,
+                "lead_files": f.fetched - f.cursor,
+                "lead_bytes": f.ahead_bytes(),
+            }
+            for key, f in self._follows.items()
+        }
+        return {
+            **self.stats.as_dict(),
+            "budget": self.budget,
+            "inflight": self._inflight,
+            "readings": follows,
+        }

@@ -1,0 +1,85 @@
+"""The hidden control tree over a real mount: published orders, config and live stats."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlfs.control import escape, unescape
+from dlfs.index import Index
+from dlfs.order import OrderSpec, epoch_order
+from dlfs.store import LocalStore
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().split(b"\n")[:-1]
+
+
+def test_control_tree_resolves_but_is_never_listed(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        assert ".dlfs" not in os.listdir(mnt)
+        assert os.path.isdir(Path(mnt) / ".dlfs")
+        assert sorted(os.listdir(Path(mnt) / ".dlfs")) == ["config", "order", "stats"]
+        assert os.listdir(Path(mnt) / ".dlfs" / "order") == []
+        assert os.stat(Path(mnt) / ".dlfs" / "..").st_ino == os.stat(mnt).st_ino
+
+
+def test_published_order_is_the_pure_function_of_seed_epoch_and_rank(packed: Path, mount) -> None:
+    index = Index.load(LocalStore(packed))
+    files = index.regular_rows()
+    spec = OrderSpec(seed=9)
+    with mount(packed, "--seed", "9") as mnt:
+        order = Path(mnt) / ".dlfs" / "order"
+        for epoch in (0, 3):
+            expected = index.paths(files[epoch_order(files.size, spec, epoch)])
+            published = [
+                os.fsencode(unescape(os.fsdecode(line))) for line in _lines(order / f"epoch-{epoch}")
+            ]
+            assert published == expected
+        shares = [_lines(order / f"epoch-2.rank-{rank}-of-3") for rank in range(3)]
+        assert len({len(share) for share in shares}) == 1
+        published = {unescape(os.fsdecode(line)) for share in shares for line in share}
+        assert published == {os.fsdecode(path) for path in index.paths(files)}
+        for line in shares[0][:20]:
+            assert (Path(mnt) / unescape(os.fsdecode(line))).is_file()
+
+
+def test_names_with_newlines_and_backslashes_round_trip() -> None:
+    for name in [b"plain", b"new\nline", b"back\\slash", b"both\\n\n"]:
+        assert unescape(os.fsdecode(escape(name))) == os.fsdecode(name)
+        assert b"\n" not in escape(name)
+
+
+def test_bad_order_names_are_not_found(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        order = Path(mnt) / ".dlfs" / "order"
+        for name in ("epoch-x", "epoch-1.rank-2-of-2", "epoch-1.rank-0-of-0", "epoch--1", "nothing"):
+            assert not (order / name).exists(), name
+        assert not (Path(mnt) / ".dlfs" / "nope").exists()
+
+
+def test_config_and_stats_are_json_and_stats_are_fresh(packed: Path, mount) -> None:
+    with mount(packed, "--seed", "4", "--order", "block") as mnt:
+        config = json.loads((Path(mnt) / ".dlfs" / "config").read_text())
+        assert config["seed"] == 4 and config["mode"] == "block" and config["format_version"] == 1
+        assert len(config["dataset_id"]) == 32
+        first = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
+        for path in list(Path(mnt).glob("many/*"))[:50]:
+            path.read_bytes()
+        second = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
+        assert second["requests"]["read"] > first["requests"].get("read", 0)
+        assert second["requests"]["lookup"] > first["requests"]["lookup"]
+        assert {"cache", "storage", "prefetch", "uptime_seconds"} <= set(second)
+
+
+@pytest.mark.parametrize("mode", ["full", "block"])
+def test_every_file_appears_once_per_epoch_in_both_modes(packed: Path, mount, mode: str) -> None:
+    with mount(packed, "--order", mode, "--block", "8", "--window", "32") as mnt:
+        lines = _lines(Path(mnt) / ".dlfs" / "order" / "epoch-5")
+        files = [p for p in Path(mnt).rglob("*") if p.is_file() and not p.is_symlink()]
+        assert len(lines) == len(files) == len(set(lines))
+        assert np.unique(lines).size == len(lines)

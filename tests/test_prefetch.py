@@ -1,0 +1,100 @@
+"""The read-ahead engine over a real mount: it follows the published order, pushes into the page
+cache, stays inside its budget, and changes nothing about the bytes a reader gets."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from conftest import dlfs
+
+from dlfs.control import unescape
+
+
+def _stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".dlfs" / "stats").read_text())
+
+
+def _published(mnt: Path, name: str) -> list[Path]:
+    lines = (mnt / ".dlfs" / "order" / name).read_bytes().split(b"\n")[:-1]
+    return [mnt / unescape(os.fsdecode(line)) for line in lines]
+
+
+def _read_all(paths: list[Path]) -> list[bytes]:
+    out = []
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            out.append(f.read())
+    return out
+
+
+def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int = 20_000) -> Path:
+    for c in range(classes):
+        for k in range(per_class):
+            path = root / f"n{c:08d}" / f"n{c:08d}_{k}.JPEG"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(size + k))
+    return root
+
+
+def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path, mount) -> None:
+    src = _make_classes(tmp_path / "src")
+    dlfs("pack", src, tmp_path / "ds", "--shard-size", "1M")
+    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+        mnt = Path(mnt)
+        for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
+            path.stat()
+        paths = _published(mnt, "epoch-0")
+        before = _stats(mnt)
+        data = _read_all(paths)
+        after = _stats(mnt)
+    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+    prefetch = after["prefetch"]
+    assert prefetch["pushed_files"] > 0.9 * len(paths)
+    reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
+    assert reads < len(paths) / 4, f"{reads} reads reached the daemon for {len(paths)} files"
+    assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
+
+
+def test_read_ahead_stays_within_its_budget(tmp_path: Path, mount) -> None:
+    src = _make_classes(tmp_path / "src", classes=4, per_class=100, size=50_000)
+    dlfs("pack", src, tmp_path / "ds")
+    budget = 1 << 20
+    with mount(tmp_path / "ds", "--prefetch-budget", str(budget), "--prefetch-inflight", "2") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-1.rank-0-of-2")
+        for k in range(0, len(paths), 25):
+            _read_all(paths[k : k + 25])
+            reading = _stats(mnt)["prefetch"]["readings"]["epoch-1.rank-0-of-2"]
+            assert reading["lead_bytes"] <= budget + 50_100, "at most one file beyond the budget"
+            assert reading["fetched"] <= min(len(paths), k + 25 + budget // 50_000 + 1)
+
+
+def test_without_a_published_order_nothing_is_read_ahead(packed: Path, odd_tree: Path, mount) -> None:
+    with mount(packed) as mnt:
+        mnt = Path(mnt)
+        for path in sorted(mnt.glob("many/*.dat"), reverse=True):
+            assert path.read_bytes() == (odd_tree / path.relative_to(mnt)).read_bytes()
+        assert _stats(mnt)["prefetch"]["issued_files"] == 0
+
+
+def test_restarting_an_epoch_is_followed(tmp_path: Path, mount) -> None:
+    src = _make_classes(tmp_path / "src", classes=2, per_class=150, size=4000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--prefetch-budget", "200K") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        _read_all(paths[:250])
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")  # forget the pages: the restart must refetch
+        _read_all(paths[:30])
+        stats = _stats(mnt)["prefetch"]
+        assert stats["restarts"] >= 1
+
+
+def test_read_ahead_off_still_reads_correctly(packed: Path, odd_tree: Path, mount) -> None:
+    with mount(packed, "--prefetch-budget", "0") as mnt:
+        mnt = Path(mnt)
+        for path in _published(mnt, "epoch-0"):
+            assert path.read_bytes() == (odd_tree / path.relative_to(mnt)).read_bytes()
+        assert _stats(mnt)["prefetch"] is None
