@@ -35,7 +35,7 @@ def main() -> None:
     marker = args.work / f"generated-{args.files}-{args.classes}"
     if not marker.exists():
         shutil.rmtree(args.work, ignore_errors=True)
-        generate(src, args.classes, args.files, tiny=False, seed=0, jobs=2)
+        generate(src, args.classes, args.files, payload="random", seed=0, jobs=2)
         marker.touch()
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
 

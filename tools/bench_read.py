@@ -94,7 +94,7 @@ def main() -> None:
     marker = args.work / f"generated-{args.files}-{args.classes}"
     if not marker.exists():
         shutil.rmtree(args.work, ignore_errors=True)
-        generate(src, args.classes, args.files, tiny=False, seed=0, jobs=2)
+        generate(src, args.classes, args.files, payload="jpeg", seed=0, jobs=2)
         subprocess.run([*DLFS, "-q", "pack", str(src), str(dst)], check=True)
         marker.touch()
     temperatures = ["warm", *(["cold"] if can_drop_caches() else [])]

@@ -46,7 +46,7 @@ def main() -> None:
     if not marker.exists():
         shutil.rmtree(args.work, ignore_errors=True)
         print(f"generating {args.files} tiny files in {args.classes} classes under {src} ...", flush=True)
-        seconds, _ = timed(lambda: generate(src, args.classes, args.files, tiny=True, seed=0, jobs=2))
+        seconds, _ = timed(lambda: generate(src, args.classes, args.files, payload="tiny", seed=0, jobs=2))
         print(f"  generated in {seconds:.0f} s", flush=True)
         marker.touch()
     results: dict[str, object] = {"files": args.files, "classes": args.classes}
