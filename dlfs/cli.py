@@ -69,33 +69,6 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mount_args(args: argparse.Namespace) -> list[str]:
-    """The flags a background mount passes on to its foreground daemon."""
-    extra = [
-        "--cache-size",
-        str(args.cache_size),
-        "--threads",
-        str(args.threads),
-        "--seed",
-        str(args.seed),
-        "--order",
-        args.order,
-        "--block",
-        str(args.block),
-        "--window",
-        str(args.window),
-        "--prefetch-budget",
-        str(args.prefetch_budget),
-        "--prefetch-inflight",
-        str(args.prefetch_inflight),
-    ]
-    if args.allow_other:
-        extra.append("--allow-other")
-    if args.debug:
-        extra.append("--debug")
-    return extra
-
-
 def _cmd_mount(args: argparse.Namespace) -> int:
     from dlfs.mount import MountOptions, spawn
 
@@ -111,10 +84,11 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         window=args.window,
         prefetch_budget=args.prefetch_budget,
         prefetch_inflight=args.prefetch_inflight,
+        readdirplus=args.readdirplus,
     )
     if not args.foreground:
         started = time.monotonic()
-        pid, log_file = spawn(args.dataset, args.mountpoint, options, _mount_args(args))
+        pid, log_file = spawn(args.argv, args.mountpoint, options)
         print(
             f"mounted {args.dataset} on {args.mountpoint} in {time.monotonic() - started:.2f} s "
             f"(daemon pid {pid}, log {log_file}); order seed {args.seed}, mode {args.order}"
@@ -281,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=8,
         help="storage batches the read-ahead keeps in flight (default 8)",
     )
+    p.add_argument(
+        "--readdirplus",
+        choices=("always", "auto"),
+        default="always",
+        help="always: listings carry attributes, so after a scan the read-ahead can push every file "
+        "(best for training); auto: names only unless a stat follows (fastest first find over "
+        "millions of files) (default always)",
+    )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_mount)
 
@@ -305,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     # File names are bytes; print the ones that are not valid UTF-8 back as the same bytes.
     sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO

@@ -62,7 +62,10 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     index.check_shards(store)
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)
-    reader = Reader(index, store, PayloadCache(options.cache_size), max_threads=options.threads)
+    # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
+    # cache, so the cache holds its budget on top of what demand reads get.
+    cache = PayloadCache(options.cache_size + options.prefetch_budget)
+    reader = Reader(index, store, cache, max_threads=options.threads)
     prefetcher = None
     if options.prefetch_budget > 0:
         prefetcher = Prefetcher(
@@ -80,6 +83,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         }
 
     operations = DlfsOperations(index, reader, ControlTree(index, spec, stats), prefetcher)
+    operations.readdirplus_auto = options.readdirplus == "auto"
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:
         fuse_options.add("allow_other")

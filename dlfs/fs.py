@@ -63,6 +63,11 @@ def _inode(row: int) -> InodeT:
 class DlfsOperations(pyfuse3.Operations):
     """Read-only operations over one dataset; every mutating request is refused by the ``ro`` mount."""
 
+    #: Read by the patched pyfuse3 at INIT: True lets the kernel list names without attributes
+    #: (fast ``find``); False makes every listing carry attributes, so the kernel knows every
+    #: inode after a scan and the read-ahead can push pages for all of them.
+    readdirplus_auto = False
+
     def __init__(
         self, index: Index, reader: Reader, control: ControlTree, prefetcher: Prefetcher | None = None
     ) -> None:

@@ -37,6 +37,7 @@ class MountOptions:
     window: int = 4096
     prefetch_budget: int = 512 << 20
     prefetch_inflight: int = 8
+    readdirplus: str = "always"
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
@@ -72,23 +73,16 @@ def default_log_file(mnt: str) -> Path:
     return base / f"mount-{name}.log"
 
 
-def spawn(dataset: str, mnt: str, options: MountOptions, extra_args: list[str]) -> tuple[int, Path]:
-    """Start the daemon in the background; return (pid, log file) once the mount is live."""
+def spawn(argv: list[str], mnt: str, options: MountOptions) -> tuple[int, Path]:
+    """Start the daemon in the background; return (pid, log file) once the mount is live.
+
+    ``argv`` is this command's own argument list: the child re-runs it in the foreground, so every
+    flag reaches the daemon without being spelled out twice.
+    """
     log_file = Path(options.log_file) if options.log_file else default_log_file(mnt)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
-    command = [
-        sys.executable,
-        "-m",
-        "dlfs.cli",
-        "mount",
-        dataset,
-        mnt,
-        "--foreground",
-        "--ready-fd",
-        str(write_end),
-        *extra_args,
-    ]
+    command = [sys.executable, "-m", "dlfs.cli", *argv, "--foreground", "--ready-fd", str(write_end)]
     try:
         with open(log_file, "ab") as log_out:
             child = subprocess.Popen(

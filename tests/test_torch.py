@@ -117,3 +117,14 @@ def test_a_dataset_not_on_dlfs_is_a_clear_error(tmp_path: Path) -> None:
     Image.new("RGB", (4, 4)).save(folder / "x.jpg")
     with pytest.raises(NotOnDlfsError, match="not on a dlfs mount"):
         ShuffleSampler(datasets.ImageFolder(str(tmp_path / "plain")))
+
+
+def test_unbuffered_pil_loader_gives_the_same_images(jpeg_dataset, mount) -> None:
+    from torchvision.datasets.folder import pil_loader as stock_loader
+
+    from dlfs.torch import pil_loader
+
+    dataset_dir, _ = jpeg_dataset
+    with mount(dataset_dir) as mnt:
+        for path in sorted(Path(mnt).rglob("*.JPEG"))[:20]:
+            assert pil_loader(str(path)).tobytes() == stock_loader(str(path)).tobytes()

@@ -7,11 +7,12 @@
    round trip, and a second ``find`` or ImageFolder scan never reaches the daemon. READ and READDIR
    then carry file handle 0, and stock pyfuse3 passes only the handle to ``read``/``readdir``; here
    a zero handle is replaced by the request's inode number.
-2. Plain READDIR beside READDIRPLUS (kernel READDIRPLUS_AUTO). Stock pyfuse3 forces READDIRPLUS,
-   so listing a directory makes the kernel build a dentry and an inode for every entry. With AUTO
-   the kernel asks for attributes only for the first chunk of a listing and when a program also
-   stats the entries (``ls -l``), so ``find`` and ImageFolder's scan of 1.28 M names cost what a
-   native ``getdents`` costs. ``ReaddirToken.plus`` tells the handler which of the two it answers.
+2. Plain READDIR beside READDIRPLUS, when the ``Operations`` object sets ``readdirplus_auto``
+   (kernel READDIRPLUS_AUTO). Stock pyfuse3 forces READDIRPLUS, so listing a directory makes the
+   kernel build a dentry and an inode for every entry. With AUTO the kernel asks for attributes
+   only for the first chunk of a listing and when a program also stats the entries (``ls -l``),
+   so ``find`` over 1.28 M names costs far less. ``ReaddirToken.plus`` tells the handler which of
+   the two it answers.
 
 The module gets ``pyfuse3.dlfs_features`` so dlfs can tell this build from a stock one and fall back
 when it runs on stock pyfuse3. Each edit asserts its anchor, so a changed upstream source fails
@@ -27,7 +28,7 @@ import tarfile
 from pathlib import Path
 
 VERSION = "3.5.0"
-LOCAL = "dlfs.3"
+LOCAL = "dlfs.4"
 FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto")
 
 EDITS: list[tuple[str, str, str]] = [
@@ -44,7 +45,10 @@ EDITS: list[tuple[str, str, str]] = [
     (
         "src/pyfuse3/handlers.pxi",
         "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n",
-        "    conn.want |= FUSE_CAP_READDIRPLUS_AUTO\n",
+        "    if getattr(operations, 'readdirplus_auto', False):\n"
+        "        conn.want |= FUSE_CAP_READDIRPLUS_AUTO\n"
+        "    else:\n"
+        "        conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n",
     ),
     (
         "src/pyfuse3/handlers.pxi",
