@@ -114,14 +114,18 @@ def encode_payload(data: bytes, compress: bool) -> tuple[bytes, int]:
     return data, 0
 
 
-def decode_payload(stored: bytes, flags: int, size: int, expected: int, where: str) -> bytes:
-    """Turn stored bytes back into the original file, or raise IntegrityError; never wrong bytes."""
+def decode_payload(stored: bytes, flags: int, size: int, expected: int) -> bytes:
+    """Turn stored bytes back into the original file, or raise IntegrityError; never wrong bytes.
+
+    The message names no file: building a path costs more than the check, so callers add it only
+    when something is wrong.
+    """
     try:
         data = lz4.block.decompress(stored, uncompressed_size=size) if flags & FLAG_LZ4 else stored
     except lz4.block.LZ4BlockError as exc:
-        raise IntegrityError(f"{where}: lz4 payload is corrupt ({exc})") from exc
+        raise IntegrityError(f"lz4 payload is corrupt ({exc})") from exc
     if len(data) != size or checksum(data) != expected:
-        raise IntegrityError(f"{where}: checksum mismatch")
+        raise IntegrityError("checksum mismatch")
     return data
 
 

@@ -67,12 +67,9 @@ class Reader:
 
     def decode(self, row: int, stored: bytes) -> bytes:
         """Stored payload -> original bytes, verified against the file's checksum."""
+        index = self.index
         return fmt.decode_payload(
-            stored,
-            int(self.index.flags[row]),
-            int(self.index.size[row]),
-            int(self.index.checksum[row]),
-            self.index.location(row),
+            stored, int(index.flags[row]), int(index.size[row]), int(index.checksum[row])
         )
 
     def check(self, row: int) -> None:
@@ -88,7 +85,7 @@ class Reader:
                 break
             hasher.update(chunk)
         if hasher.intdigest() != int(self.index.checksum[row]):
-            raise IntegrityError(f"{self.index.location(row)}: checksum mismatch")
+            raise IntegrityError("checksum mismatch")
 
     async def _once(self, row: int, work: Callable[[int], T]) -> T:
         """Run ``work(row)`` in a thread; concurrent callers for the same row share one run."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -67,7 +66,7 @@ def verify(location: str, jobs: int = 4, progress: bool = True) -> VerifyReport:
                 for row, problem in pool.map(check, rows[start : start + BATCH].tolist()):
                     bar.update(int(index.size[row]))
                     if problem is not None:
-                        report.bad.append({"path": os.fsdecode(index.path(row)), "problem": problem})
+                        report.bad.append({"path": index.location(row), "problem": problem})
     finally:
         store.close()
     report.seconds = time.monotonic() - started

@@ -19,10 +19,12 @@ def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
         assert result.returncode == 0, result.stdout.decode(errors="replace") + result.stderr.decode()
 
 
+@pytest.mark.parametrize("readdirplus", ["always", "auto"])
 def test_find_sees_the_same_names_types_sizes_modes_mtimes_and_links(
-    packed: Path, odd_tree: Path, mount
+    packed: Path, odd_tree: Path, mount, readdirplus: str
 ) -> None:
-    with mount(packed) as mnt:
+    """``auto`` exercises plain READDIR (names and types only) followed by LOOKUPs for the stats."""
+    with mount(packed, "--readdirplus", readdirplus) as mnt:
         assert find_listing(mnt) == find_listing(odd_tree)
 
 
@@ -229,7 +231,10 @@ def test_unicode_and_non_utf8_names_survive(tmp_path: Path, mount) -> None:
         assert (Path(mnt) / "new\nline.txt").read_bytes() == b"newline in name\n"
 
 
-def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(tmp_path: Path, mount) -> None:
+@pytest.mark.parametrize("readdirplus", ["always", "auto"])
+def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
+    tmp_path: Path, mount, readdirplus: str
+) -> None:
     src = tmp_path / "wide"
     names = {f"{'long-name-' * 6}{k:05d}.JPEG" for k in range(4000)}
     for name in names:
@@ -237,7 +242,7 @@ def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(tmp_pat
     (src / "cls" / "sub").mkdir()
     dst = tmp_path / "wide-ds"
     dlfs("pack", src, dst)
-    with mount(dst) as mnt:
+    with mount(dst, "--readdirplus", readdirplus) as mnt:
         listed = os.listdir(Path(mnt) / "cls")
         assert len(listed) == len(names) + 1 and set(listed) == names | {"sub"}
         kinds = {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(Path(mnt) / "cls")}
