@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench-scale bench-pack clean
+.PHONY: install test demo lint format bench bench-scale bench-pack bench-read clean
 
 install: $(STAMP)
 
@@ -37,6 +37,12 @@ bench-scale: install
 # Pack speed against tar cf on the same tree, in one run.
 bench-pack: install
 	$(BIN)/python tools/bench_pack.py
+
+# Reading in the published order: native vs dlfs with and without read-ahead, warm and cold.
+bench-read: install
+	$(BIN)/python tools/bench_read.py
+
+bench: bench-scale bench-pack bench-read
 
 clean:
 	rm -rf $(VENV) demo-data bench-data .pytest_cache .ruff_cache .hypothesis

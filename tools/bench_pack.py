@@ -17,8 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, can_drop_caches, drop_caches, timed
-from make_imagenet_like import generate
+from benchlib import DLFS, can_drop_caches, drop_caches, ensure_tree, timed
 
 
 def main() -> None:
@@ -32,11 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, out = args.work / "src", args.work / "out"
-    marker = args.work / f"generated-{args.files}-{args.classes}"
-    if not marker.exists():
-        shutil.rmtree(args.work, ignore_errors=True)
-        generate(src, args.classes, args.files, payload="random", seed=0, jobs=2)
-        marker.touch()
+    ensure_tree(args.work, args.files, args.classes, "random")
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
 
     def run_tar(sync: bool) -> None:
@@ -48,7 +43,11 @@ def main() -> None:
 
     def run_pack() -> None:
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run([*DLFS, "-q", "pack", str(src), str(out), "--jobs", str(args.jobs)], check=True)
+        subprocess.run(
+            [*DLFS, "-q", "pack", str(src), str(out), "--jobs", str(args.jobs)],
+            check=True,
+            capture_output=True,
+        )
 
     jobs = {"tar cf": lambda: run_tar(False), "tar cf + sync": lambda: run_tar(True), "dlfs pack": run_pack}
     modes = ["warm", *(["cold"] if can_drop_caches() else [])]

@@ -18,7 +18,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, can_drop_caches, dlfs_mount, drop_caches, imagefolder_scan
-from make_imagenet_like import generate
+from benchlib import DLFS, can_drop_caches, dlfs_mount, drop_caches, ensure_tree, imagefolder_scan
 
 
 def _reader(paths: list[str], buffering: int, start: float, out: mp.Queue) -> None:
@@ -93,12 +91,8 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, mnt = args.work / "src", args.work / "dataset", args.work / "mnt"
-    marker = args.work / f"generated-{args.files}-{args.classes}"
-    if not marker.exists():
-        shutil.rmtree(args.work, ignore_errors=True)
-        generate(src, args.classes, args.files, payload="jpeg", seed=0, jobs=2)
-        subprocess.run([*DLFS, "-q", "pack", str(src), str(dst)], check=True)
-        marker.touch()
+    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (dst / "index.dlfs").exists():
+        subprocess.run([*DLFS, "-q", "pack", str(src), str(dst), "--force"], check=True, capture_output=True)
     temperatures = ["warm", *(["cold"] if can_drop_caches() else [])]
     with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log")):
         published = order_paths(mnt)

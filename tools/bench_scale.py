@@ -23,13 +23,13 @@ from benchlib import (
     can_drop_caches,
     dlfs_mount,
     drop_caches,
+    ensure_tree,
     find_count,
     imagefolder_scan,
     median_of,
     rss_bytes,
     timed,
 )
-from make_imagenet_like import generate
 
 
 def main() -> None:
@@ -53,13 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, mnt = args.work / "src", args.work / "dataset", args.work / "mnt"
-    marker = args.work / f"generated-{args.files}-{args.classes}"
-    if not marker.exists():
-        shutil.rmtree(args.work, ignore_errors=True)
-        print(f"generating {args.files} tiny files in {args.classes} classes under {src} ...", flush=True)
-        seconds, _ = timed(lambda: generate(src, args.classes, args.files, payload="tiny", seed=0, jobs=2))
-        print(f"  generated in {seconds:.0f} s", flush=True)
-        marker.touch()
+    ensure_tree(args.work, args.files, args.classes, "tiny")
     results: dict[str, object] = {"files": args.files, "classes": args.classes}
 
     if not (args.reuse_dataset and (dst / "index.dlfs").exists()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,24 @@ def median_of(
             before()
         times.append(timed(fn)[0])
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
+
+
+def ensure_tree(work: Path, files: int, classes: int, payload: str) -> bool:
+    """Generate ``work/src`` once (a marker names its shape); True if it was (re)generated now."""
+    from make_imagenet_like import generate
+
+    marker = work / f"generated-{files}-{classes}-{payload}"
+    if marker.exists():
+        return False
+    shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"generating {files:,} {payload} files in {classes} classes under {work / 'src'} ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    generate(work / "src", classes, files, payload=payload, seed=0, jobs=os.cpu_count() or 2)
+    marker.touch()
+    return True
 
 
 def drop_caches() -> None:
