@@ -122,7 +122,7 @@ def main() -> None:
     _patch(source)
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": f"{VERSION}+{LOCAL}"}
     print(f"building pyfuse3 {VERSION}+{LOCAL} (requests without an open, plain READDIR)", flush=True)
-    subprocess.run([*pip, "install", "--force-reinstall", "--no-deps", str(source)], check=True, env=env)
+    subprocess.run([*pip, "install", "--force-reinstall", str(source)], check=True, env=env)
     if installed_version() != f"{VERSION}+{LOCAL}":
         raise SystemExit("the patched pyfuse3 did not install; see the pip output above")
 
