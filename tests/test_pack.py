@@ -41,12 +41,18 @@ def test_foreign_destination_and_destination_inside_source_are_refused(
     assert_one_line_error(dlfs("pack", odd_tree, odd_tree / "many" / "ds", check=False), "inside the source")
 
 
-def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    for k in range(3000):
+def _big_tree(src: Path, files: int = 3000, size: int = 256 * 1024) -> Path:
+    """Large enough (768 MB) that a pack is still running when the test signals it."""
+    block = os.urandom(size)
+    for k in range(files):
         path = src / f"d{k % 10}" / f"{k}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(32 * 1024))
+        path.write_bytes(k.to_bytes(8, "little") + block[8:])
+    return src
+
+
+def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_path: Path) -> None:
+    src = _big_tree(tmp_path / "src")
     dst = tmp_path / "dst"
     proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--jobs", "1"])
     try:
@@ -65,11 +71,7 @@ def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_
 
 
 def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed: Path) -> None:
-    src = tmp_path / "bigger"
-    for k in range(3000):
-        path = src / f"{k}.bin"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(os.urandom(32 * 1024))
+    src = _big_tree(tmp_path / "bigger")
     before = sorted(p.name for p in packed.iterdir())
     proc = subprocess.Popen(
         [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--jobs", "1"]
