@@ -11,9 +11,13 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from dlfs import __version__
 from dlfs.errors import DlfsError
+
+if TYPE_CHECKING:  # the CLI imports numpy-backed modules only for the commands that need them
+    from dlfs.index import Index
 
 log = logging.getLogger("dlfs")
 
@@ -148,10 +152,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _ls_line(index: object, row: int, shown: bytes, long: bool) -> str:
-    from dlfs.index import Index
-
-    assert isinstance(index, Index)
+def _ls_line(index: Index, row: int, shown: bytes, long: bool) -> str:
     name = os.fsdecode(shown) or "."
     if not long:
         return name

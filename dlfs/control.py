@@ -84,7 +84,7 @@ class ControlTree:
         self._stats_snapshot = b"{}\n"
         self._stats_time = time.time_ns()
         self._mounted_at = time.time_ns()
-        self._files: dict[str, np.ndarray] = {}
+        self._files: np.ndarray | None = None
 
     def owns(self, inode: int) -> bool:
         return self.root <= inode <= self.config_file or self.is_order(inode)
@@ -169,10 +169,9 @@ class ControlTree:
 
     def files(self) -> np.ndarray:
         """The file list the order's positions index: storage order for ``block``, rows otherwise."""
-        if self.spec.mode not in self._files:
-            rows = self.index.file_rows() if self.spec.mode == "block" else self.index.regular_rows()
-            self._files[self.spec.mode] = rows
-        return self._files[self.spec.mode]
+        if self._files is None:
+            self._files = self.index.file_rows() if self.spec.mode == "block" else self.index.regular_rows()
+        return self._files
 
     def _order(self, inode: int) -> tuple[Reading, bytes]:
         """The sequence and the published text of an order file, generated once and kept (LRU).
