@@ -19,7 +19,6 @@ from dlfs.errors import DlfsError
 if TYPE_CHECKING:  # the CLI imports numpy-backed modules only for the commands that need them
     from dlfs.index import Index
 
-log = logging.getLogger("dlfs")
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 

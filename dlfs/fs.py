@@ -13,7 +13,6 @@ pyfuse3 the opens are answered and carry the inode as handle, so the rest of the
 from __future__ import annotations
 
 import errno
-import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -39,14 +38,12 @@ from dlfs.index import Attrs, Index
 from dlfs.prefetch import Prefetcher
 from dlfs.reader import Reader
 
-log = logging.getLogger(__name__)
-
 #: The data never changes while mounted, so the kernel may keep names and attributes for a day.
 CACHE_TIMEOUT = 24 * 3600.0
 STATFS_BLOCK = 4096
 NAME_MAX = 255
 DOTS = (b".", b"..")
-#: Directory entries prepared per step of a READDIR reply: the kernel's buffer takes a few dozen.
+#: Entries prepared per vectorised step of a READDIR reply (a 32 KiB reply holds a few hundred).
 READDIR_BATCH = 64
 #: True with the pyfuse3 build that passes the inode when the kernel skipped open.
 SKIP_OPEN = "inode_as_fh_without_open" in getattr(pyfuse3, "dlfs_features", ())
