@@ -133,10 +133,14 @@ class ControlTree:
         if inode in (self.root, self.order_dir):
             return Attrs(DIR_MODE, 2, 0, 0, 0, 0, self._mounted_at)
         if inode == self.stats_file:
-            self._stats_snapshot = (json.dumps(self._stats(), indent=2, sort_keys=True) + "\n").encode()
-            self._stats_time = time.time_ns()
             return self._file_attrs(self._stats_snapshot, self._stats_time)
         return self._file_attrs(self.content(inode), self._mounted_at)
+
+    def refresh_stats(self) -> None:
+        """Take a new stats snapshot. Called on LOOKUP only (every open walks the path: the entry
+        timeout is 0), so the GETATTR and READs of one open all see the same bytes and size."""
+        self._stats_snapshot = (json.dumps(self._stats(), indent=2, sort_keys=True) + "\n").encode()
+        self._stats_time = time.time_ns()
 
     @staticmethod
     def _file_attrs(data: bytes, mtime_ns: int) -> Attrs:

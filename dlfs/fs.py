@@ -141,6 +141,8 @@ class DlfsOperations(pyfuse3.Operations):
             reading = await trio.to_thread.run_sync(self.control.reading, inode)
             if self.prefetcher is not None:
                 self.prefetcher.activate(reading)
+        if self.control.is_volatile(inode):
+            self.control.refresh_stats()
         return await self._control_entry(inode)
 
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:

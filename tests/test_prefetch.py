@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import dlfs
+from conftest import dlfs, wait_until
 
 from dlfs.control import unescape
 
@@ -46,14 +46,25 @@ def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path,
         for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
             path.stat()
         paths = _published(mnt, "epoch-0")
+
+        def settled() -> bool:
+            prefetch = _stats(mnt)["prefetch"]
+            return (
+                prefetch["readings"]["epoch-0.rank-0-of-1"]["fetched"] == len(paths)
+                and not prefetch["inflight"]
+            )
+
+        assert wait_until(settled, 30), "the read-ahead never fetched the (small) epoch"
         before = _stats(mnt)
         data = _read_all(paths)
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
-    assert prefetch["pushed_files"] > 0.9 * len(paths)
+    assert prefetch["pushed_files"] > 0.95 * len(paths)
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    assert reads < len(paths) / 4, f"{reads} reads reached the daemon for {len(paths)} files"
+    assert reads <= len(paths) // 64 + 2, (
+        f"{reads} reads reached the daemon for {len(paths)} files (sentinels only)"
+    )
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
 
