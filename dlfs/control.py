@@ -16,6 +16,7 @@ Inode numbers start after the dataset's own, so they never collide with index ro
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
 import threading
@@ -59,10 +60,16 @@ def escape(path: bytes) -> bytes:
 
 
 def unescape(line: str) -> str:
-    """Inverse of ``escape`` on one decoded line (used by the sampler)."""
+    """Inverse of ``escape`` on one decoded line."""
     if "\\" not in line:
         return line
     return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
+
+
+def parse_order(text: bytes) -> list[str]:
+    """An order file's paths, relative to the mount root; non-UTF-8 bytes come back as
+    ``os.fsdecode`` gives them, so the paths compare equal to what ``os.walk`` yields."""
+    return [unescape(os.fsdecode(line)) for line in text.split(b"\n")[:-1]]
 
 
 class ControlTree:

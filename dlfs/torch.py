@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from dlfs.control import CONTROL_NAME, unescape
+from dlfs.control import CONTROL_NAME, parse_order
 from dlfs.errors import DlfsError
 
 CONTROL = os.fsdecode(CONTROL_NAME)
@@ -110,12 +110,9 @@ class ShuffleSampler(Sampler[int]):
         """This epoch's dataset indices, in order; paths the dataset does not hold are skipped."""
         if self._cached is None or self._cached[0] != self.epoch:
             with open(self.order_path(), "rb") as f:
-                lines = f.read().split(b"\n")[:-1]
+                paths = parse_order(f.read())
             index_of = self._index_of
-            self._cached = (
-                self.epoch,
-                [k for k in (index_of.get(unescape(os.fsdecode(line))) for line in lines) if k is not None],
-            )
+            self._cached = (self.epoch, [k for k in map(index_of.get, paths) if k is not None])
         return self._cached[1]
 
     def __iter__(self) -> Iterator[int]:

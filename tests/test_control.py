@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlfs.control import escape, unescape
+from dlfs.control import escape, parse_order, unescape
 from dlfs.index import Index
 from dlfs.order import OrderSpec, epoch_order
 from dlfs.store import LocalStore
 
 
-def _lines(path: Path) -> list[bytes]:
-    return path.read_bytes().split(b"\n")[:-1]
+def _lines(path: Path) -> list[str]:
+    return parse_order(path.read_bytes())
 
 
 def test_control_tree_resolves_but_is_never_listed(packed: Path, mount) -> None:
@@ -36,16 +36,13 @@ def test_published_order_is_the_pure_function_of_seed_epoch_and_rank(packed: Pat
         order = Path(mnt) / ".dlfs" / "order"
         for epoch in (0, 3):
             expected = index.paths(files[epoch_order(files.size, spec, epoch)])
-            published = [
-                os.fsencode(unescape(os.fsdecode(line))) for line in _lines(order / f"epoch-{epoch}")
-            ]
-            assert published == expected
+            assert [os.fsencode(path) for path in _lines(order / f"epoch-{epoch}")] == expected
         shares = [_lines(order / f"epoch-2.rank-{rank}-of-3") for rank in range(3)]
         assert len({len(share) for share in shares}) == 1
-        published = {unescape(os.fsdecode(line)) for share in shares for line in share}
+        published = {path for share in shares for path in share}
         assert published == {os.fsdecode(path) for path in index.paths(files)}
-        for line in shares[0][:20]:
-            assert (Path(mnt) / unescape(os.fsdecode(line))).is_file()
+        for path in shares[0][:20]:
+            assert (Path(mnt) / path).is_file()
 
 
 def test_names_with_newlines_and_backslashes_round_trip() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import dlfs, wait_until
 
-from dlfs.control import unescape
+from dlfs.control import parse_order
 
 
 def _stats(mnt: Path) -> dict:
@@ -17,8 +17,7 @@ def _stats(mnt: Path) -> dict:
 
 
 def _published(mnt: Path, name: str) -> list[Path]:
-    lines = (mnt / ".dlfs" / "order" / name).read_bytes().split(b"\n")[:-1]
-    return [mnt / unescape(os.fsdecode(line)) for line in lines]
+    return [mnt / path for path in parse_order((mnt / ".dlfs" / "order" / name).read_bytes())]
 
 
 def _read_all(paths: list[Path]) -> list[bytes]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import DLFS, can_drop_caches, dlfs_mount, drop_caches, ensure_tree, imagefolder_scan
+
+from dlfs.control import parse_order
 
 
 def _reader(paths: list[str], buffering: int, start: float, out: mp.Queue) -> None:
@@ -76,8 +77,7 @@ def median_runs(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def order_paths(mnt: Path) -> list[str]:
     """Epoch 0's published paths, relative to the mount root."""
-    lines = (mnt / ".dlfs" / "order" / "epoch-0").read_bytes().split(b"\n")[:-1]
-    return [os.fsdecode(line) for line in lines]
+    return parse_order((mnt / ".dlfs" / "order" / "epoch-0").read_bytes())
 
 
 def main() -> None:
