@@ -11,6 +11,7 @@ import stat
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlfs import __version__
@@ -187,6 +188,53 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from dlfs import bench
+
+    options = bench.Options(
+        jobs=[job.strip() for job in args.job.split(",") if job.strip()],
+        readers=args.readers,
+        processes=args.workers == "process",
+        cold=args.cold,
+        repeat=args.repeat,
+        seed=args.seed,
+        epoch=args.epoch,
+    )
+    roots = [bench.Root.parse(text) for text in args.roots]
+    built: dict[str, dict] = {}
+    with ExitStack() as stack:
+        if args.peers:
+            from dlfs.peers import peer_roots
+
+            peers, built = stack.enter_context(peer_roots(Path(roots[0].path), Path(args.work), args.rebuild))
+            roots.extend(peers)
+
+        def progress(result: bench.Result) -> None:
+            if not args.quiet and not args.json:
+                rate = result.median["items_per_s"]
+                print(f"{result.job} on {result.root}: {rate:,.0f} items/s", file=sys.stderr, flush=True)
+
+        results = bench.run(roots, options, progress)
+    if args.plot:
+        bench.plot(results, args.plot)
+    if args.json:
+        report = {
+            "options": vars(options) | {"jobs": list(options.jobs)},
+            "peers": built,
+            "results": [r.to_dict() for r in results],
+        }
+        print(json.dumps(report, indent=2))
+        return 0
+    cold = "cold (page cache dropped before each run)" if args.cold else "warm"
+    print(f"{args.readers} {args.workers} reader(s), {cold}, median of {args.repeat}")
+    print(bench.table(results))
+    for name, facts in built.items():
+        print(f"{name} image: {_human(facts['image_bytes'])}, built in {facts['build_seconds']:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlfs", description=__doc__)
     parser.add_argument("--version", action="version", version=f"dlfs {__version__}")
@@ -283,6 +331,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-l", "--long", action="store_true", help="mode, links, owner, size, mtime")
     p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too, with full paths")
     p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser(
+        "bench",
+        help="fio-style jobs (scan, stat, reads) on dataset trees and mounts, side by side",
+        description="Run the same jobs on every ROOT (a directory, a dlfs/squashfuse/ratarmount mount) "
+        "and print one table. Jobs: scan (ImageFolder-style class scan), readdir, stat, seqread, "
+        "randread, orderread (read every file whole in tree / seeded random / published dlfs order).",
+    )
+    p.add_argument(
+        "roots", nargs="+", metavar="ROOT", help="PATH or LABEL=PATH; with --peers the first is the source"
+    )
+    p.add_argument(
+        "--job",
+        default="scan,stat,seqread,randread",
+        help="comma-separated jobs (default scan,stat,seqread,randread)",
+    )
+    p.add_argument("--readers", type=int, default=1, help="concurrent readers (default 1)")
+    p.add_argument(
+        "--workers",
+        choices=("process", "thread"),
+        default="process",
+        help="readers are processes, like DataLoader workers, or threads (default process)",
+    )
+    p.add_argument("--cold", action="store_true", help="drop the page cache before each run (root only)")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="runs per job and root; the median is shown (default 3)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of randread's order (default 0)")
+    p.add_argument(
+        "--epoch", type=int, default=0, help="epoch whose published order orderread follows (default 0)"
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also pack the first ROOT with dlfs, squashfs (squashfuse_ll) and tar (ratarmount), mount them "
+        "and run the same jobs there",
+    )
+    p.add_argument(
+        "--work", default="bench-peers", help="where --peers keeps its images (default ./bench-peers)"
+    )
+    p.add_argument("--rebuild", action="store_true", help="rebuild the --peers images even if up to date")
+    p.add_argument("--plot", help="write bar charts of items/s and latency per root to this PNG")
+    p.add_argument("--json", action="store_true", help="print every run as JSON")
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

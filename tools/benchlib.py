@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dlfs import bench
+
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 
 
@@ -54,36 +56,16 @@ def ensure_tree(work: Path, files: int, classes: int, payload: str) -> bool:
 
 def drop_caches() -> None:
     """Drop the page, dentry and inode caches (root only); the benchmark says so when it cannot."""
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    bench.check_can_drop_caches()
+    bench.drop_caches()
 
 
 def can_drop_caches() -> bool:
-    return os.access("/proc/sys/vm/drop_caches", os.W_OK)
+    return os.access(bench.DROP_CACHES, os.W_OK)
 
 
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def imagefolder_scan(root: str) -> int:
-    """What torchvision's ImageFolder does at construction: find_classes, then make_dataset.
-
-    Same calls as torchvision 0.2x: ``os.scandir`` of the root for class folders, then ``os.walk`` of
-    each class folder with sorted names and an extension check (no stat of the files).
-    """
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    extensions = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-    count = 0
-    for name in classes:
-        for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
-            for file in sorted(files):
-                if os.path.join(folder, file).lower().endswith(extensions):
-                    count += 1
-    return count
+rss_bytes = bench.proc_rss
+imagefolder_scan = bench.imagefolder_scan
 
 
 def find_count(root: str) -> int:

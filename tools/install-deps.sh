@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages dlfs needs (FUSE 3 runtime and headers, a compiler for pyfuse3,
-# python3-venv) when any is missing. Idempotent; needs root (or sudo) only when something is missing.
+# python3-venv, squashfs tools for the benchmark peers) when any is missing. Idempotent; needs root
+# (or sudo) only when something is missing.
 set -euo pipefail
 
 missing=()
@@ -10,6 +11,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
     2>/dev/null || missing+=(python3-dev)
+# The peers dlfs bench --peers measures against (ratarmount comes from PyPI with the bench extra).
+command -v mksquashfs >/dev/null 2>&1 || missing+=(squashfs-tools)
+command -v squashfuse_ll >/dev/null 2>&1 || missing+=(squashfuse)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 
 if [ ${#missing[@]} -eq 0 ]; then

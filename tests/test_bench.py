@@ -1,0 +1,167 @@
+"""``dlfs bench``: every job on a native tree, a real dlfs mount and the real peers, read back exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import _is_mounted, assert_one_line_error, dlfs, write
+
+from dlfs import bench
+
+CLASSES, PER_CLASS = 5, 30
+ALL_JOBS = ",".join(bench.JOBS)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ImageNet-shaped folders with files of varied size, plus a nested folder and a non-image."""
+    root = tmp_path_factory.mktemp("bench") / "src"
+    rng = random.Random(3)
+    for c in range(CLASSES):
+        for k in range(PER_CLASS):
+            write(root / f"n{c:08d}" / f"n{c:08d}_{k}.JPEG", rng.randbytes(rng.randrange(0, 40_000)))
+    write(root / "n00000000" / "extra" / "deep.JPEG", b"deep")
+    write(root / "n00000001" / "notes.txt", b"not an image")
+    return root
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def by_job(report: dict) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for result in report["results"]:
+        out.setdefault(result["job"], {})[result["root"]] = result
+    return out
+
+
+@pytest.mark.parametrize("workers", ["process", "thread"])
+def test_every_job_counts_the_same_work_on_native_and_dlfs(
+    tree: Path, tmp_path: Path, mount: object, workers: str
+) -> None:
+    dataset = tmp_path / "dataset"
+    dlfs("pack", tree, dataset)
+    files = sum(1 for p in tree.rglob("*") if p.is_file())
+    with mount(dataset) as mnt:  # type: ignore[operator]
+        out = dlfs(
+            "bench",
+            tree,
+            f"mine={mnt}",
+            "--job",
+            ALL_JOBS,
+            "--readers",
+            "3",
+            "--workers",
+            workers,
+            "--repeat",
+            "2",
+            "--json",
+        )
+    report = json.loads(out.stdout)
+    jobs = by_job(report)
+    assert list(jobs) == list(bench.JOBS)
+    expected_items = {"scan": CLASSES, "readdir": CLASSES + 2, "stat": files}
+    for job, roots in jobs.items():
+        assert set(roots) == {"native", "mine"}
+        for label, result in roots.items():
+            assert result["items"] == expected_items.get(job, files), (job, label)
+            assert len(result["runs"]) == 2
+            assert (
+                result["min"]["items_per_s"]
+                <= result["median"]["items_per_s"]
+                <= result["max"]["items_per_s"]
+            )
+            assert result["median"]["items_per_s"] > 0 and result["median"]["p50_us"] > 0
+            # The daemon's figures appear exactly for the FUSE root.
+            assert ("daemon_cpu_s" in result["median"]) == (label == "mine")
+            if job in bench.READ_JOBS:
+                assert all(run["bytes"] == tree_bytes(tree) for run in result["runs"]), (job, label)
+    assert jobs["orderread"]["mine"]["median"]["daemon_rss_after"] > 0
+
+
+def test_orderread_follows_the_published_order(tree: Path, tmp_path: Path, mount: object) -> None:
+    dataset = tmp_path / "dataset"
+    dlfs("pack", tree, dataset)
+    with mount(dataset, "--seed", "9") as mnt:  # type: ignore[operator]
+        roots = [bench.Root.parse(str(tree)), bench.Root.parse(str(mnt))]
+        assert [root.label for root in roots] == ["native", "dlfs"]
+        order = bench.published_order(roots, epoch=1)
+        tree_order = bench.Tree.walk(str(mnt)).files
+        assert sorted(order) == tree_order and order != tree_order
+        assert bench.job_items("orderread", bench.Tree.walk(str(tree)), order, 0) == order
+        assert bench.job_items("randread", bench.Tree.walk(str(tree)), order, 0) != tree_order
+
+
+def test_cold_runs_and_plot(tree: Path, tmp_path: Path) -> None:
+    png = tmp_path / "bench.png"
+    out = dlfs("bench", tree, "--job", "scan,seqread", "--cold", "--repeat", "1", "--plot", png)
+    assert "cold (page cache dropped before each run)" in out.stdout
+    assert [line.split()[0] for line in out.stdout.splitlines()[3:]] == ["scan", "seqread"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_peers_are_built_mounted_measured_and_unmounted(tree: Path, tmp_path: Path) -> None:
+    work = tmp_path / "peers"
+    out = dlfs(
+        "bench",
+        tree,
+        "--peers",
+        "--work",
+        work,
+        "--job",
+        "stat,orderread",
+        "--readers",
+        "2",
+        "--repeat",
+        "1",
+        "--json",
+        timeout=300,
+    )
+    report = json.loads(out.stdout)
+    assert set(report["peers"]) == {"dlfs", "squashfuse_ll", "ratarmount"}
+    for job, roots in by_job(report).items():
+        assert list(roots) == ["native", "dlfs", "squashfuse_ll", "ratarmount"], job
+        if job == "orderread":
+            assert {result["median"]["bytes"] for result in roots.values()} == {tree_bytes(tree)}
+    for peer in report["peers"]:
+        assert not _is_mounted(work / peer / "mnt")
+    # A second run reuses the images (same source); the stamps say when each was built.
+    stamps = {peer: (work / peer / "stamp.json").stat().st_mtime_ns for peer in report["peers"]}
+    dlfs("bench", tree, "--peers", "--work", work, "--job", "scan", "--repeat", "1", timeout=300)
+    assert stamps == {peer: (work / peer / "stamp.json").stat().st_mtime_ns for peer in stamps}
+
+
+def test_user_errors_are_one_line(tree: Path, tmp_path: Path) -> None:
+    assert_one_line_error(dlfs("bench", tree, "--job", "orderread", check=False), "needs a dlfs mount")
+    assert_one_line_error(dlfs("bench", tmp_path / "nope", check=False), "not a directory")
+    assert_one_line_error(dlfs("bench", tree, "--job", "scan,fly", check=False), "unknown job", "fly")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(dlfs("bench", empty, "--job", "stat", check=False), "nothing for stat")
+
+
+def test_cold_without_permission_says_so() -> None:
+    as_nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        sys.executable,
+        "-m",
+        "dlfs.cli",
+    ]
+    result = subprocess.run(
+        [*as_nobody, "bench", "/tmp", "--cold", "--job", "scan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd="/",
+    )
+    assert_one_line_error(result, "drop_caches", "run as root or drop --cold")
