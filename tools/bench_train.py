@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""End to end on a slow disk: one ImageFolder training epoch from the native tree vs through dlfs.
+
+Puts the native tree and the dlfs dataset (packed in random placement) on one throttled disk
+(``tools/slowdisk.py``: a loop-mounted ext4 image behind a cgroup v1 blkio read limit), then, with the
+page cache dropped before each run, times ``tools/train_imagefolder.py`` on:
+
+- native: the tree on the slow disk, ``shuffle=True`` (what a training script does today);
+- dlfs block: a dlfs mount of the dataset on the same disk, ``--order block``, the dlfs sampler;
+- dlfs full: the same mount with the uniform shuffle, for comparison.
+
+The dlfs daemon runs inside the throttled cgroup too, so every byte it reads pays the same limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import slowdisk
+from benchlib import DLFS, dlfs_mount, drop_caches, ensure_tree
+
+HERE = Path(__file__).resolve().parent
+
+
+def train(root: Path, sampler: str, args: argparse.Namespace) -> dict[str, float]:
+    command = [sys.executable, str(HERE / "train_imagefolder.py"), str(root), "--sampler", sampler, "--json"]
+    command += ["--workers", str(args.workers), *(["--model"] if args.model else [])]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=3600)
+    return json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--files", type=int, default=8000)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--work", type=Path, default=Path("bench-data/train"))
+    parser.add_argument("--iops", type=int, default=200, help="read IOPS of the slow disk (default 200)")
+    parser.add_argument("--bps", default="100M", help="read bytes/s of the slow disk (default 100M)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
+    parser.add_argument("--model", action="store_true", help="add a small CNN's training step per batch")
+    parser.add_argument("--repeat", type=int, default=1, help="epochs per case; the median is shown")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    src, dataset, slow = args.work / "src", args.work / "dataset", args.work / "slow"
+    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (dataset / "index.dlfs").exists():
+        subprocess.run(
+            [*DLFS, "-q", "pack", str(src), str(dataset), "--order", "random", "--force"], check=True
+        )
+    size = 2 * sum(p.stat().st_size for p in args.work.rglob("*") if p.is_file()) + (256 << 20)
+    slowdisk.down(slow)
+    slowdisk.up(slow, size, args.iops, slowdisk.parse_size(args.bps))
+    results: dict[str, list[dict[str, float]]] = {}
+    try:
+        shutil.copytree(src, slow / "src")
+        shutil.copytree(dataset, slow / "dataset")
+        slowdisk.enter()
+        cases = {
+            "native, shuffle=True": (None, "shuffle"),
+            "dlfs --order block, ShuffleSampler": (["--order", "block"], "dlfs"),
+            "dlfs --order full, ShuffleSampler": (["--order", "full"], "dlfs"),
+        }
+        for _ in range(args.repeat):
+            for case, (flags, sampler) in cases.items():
+                drop_caches()
+                if flags is None:
+                    run = train(slow / "src", sampler, args)
+                else:
+                    mnt = args.work / "mnt"
+                    with dlfs_mount(
+                        slow / "dataset", mnt, "--log-file", str(args.work / "mount.log"), *flags
+                    ):
+                        run = train(mnt, sampler, args)
+                results.setdefault(case, []).append(run)
+                print(f"{case}: {run['epoch_s']:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        slowdisk.leave()
+        slowdisk.down(slow)
+    summary = {
+        case: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        for case, runs in results.items()
+    }
+    if args.json:
+        print(
+            json.dumps(
+                {"iops": args.iops, "bps": args.bps, "workers": args.workers, "results": summary}, indent=2
+            )
+        )
+        return
+    native = summary["native, shuffle=True"]["epoch_s"]
+    print(f"\n{args.files:,} JPEGs on a {args.iops} IOPS / {args.bps}/s disk, {args.workers} workers, cold")
+    print(f"{'case':38}{'epoch s':>9}{'images/s':>10}{'waited s':>10}{'vs native':>11}")
+    for case, row in summary.items():
+        print(
+            f"{case:38}{row['epoch_s']:9.1f}{row['images_per_s']:10.0f}{row['data_wait_s']:10.1f}"
+            f"{row['epoch_s'] / native:11.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
