@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-scale bench-pack bench-read clean
+.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train clean
 
 install: $(STAMP)
 
@@ -30,19 +30,40 @@ format: install
 	$(BIN)/ruff format dlfs tests tools
 	$(BIN)/ruff check --fix dlfs tests tools
 
+# Every benchmark writes its raw JSON (and plots) into docs/, which docs/benchmarks.md quotes.
+# Data is generated under bench-data/ on first use.
 # The 1.28 M-file metadata benchmark of issue 2 (takes a few minutes, needs ~6 GB of disk).
 bench-scale: install
-	$(BIN)/python tools/bench_scale.py --files 1281167
+	$(BIN)/python tools/bench_scale.py --files 1281167 --json > docs/bench-scale-always.json
+	$(BIN)/python tools/bench_scale.py --files 1281167 --readdirplus auto --reuse-dataset --json \
+		> docs/bench-scale-auto.json
 
 # Pack speed against tar cf on the same tree, in one run.
 bench-pack: install
-	$(BIN)/python tools/bench_pack.py
+	$(BIN)/python tools/bench_pack.py --json > docs/bench-pack.json
 
 # Reading in the published order: native vs dlfs with and without read-ahead, warm and cold.
 bench-read: install
-	$(BIN)/python tools/bench_read.py
+	$(BIN)/python tools/bench_read.py --json > docs/bench-read.json
 
-bench: bench-scale bench-pack bench-read
+# dlfs bench --peers on the 20k-JPEG tree of bench-read: native, dlfs, squashfuse_ll, ratarmount.
+JOBS_TREE := bench-data/read
+BENCH_JOBS := $(BIN)/dlfs bench $(JOBS_TREE)/src --peers --work bench-data/peers \
+	--job scan,readdir,stat,seqread,randread,orderread --readers 8 --repeat 3 --json
+$(JOBS_TREE)/generated-20000-100-jpeg: | install
+	rm -rf $(JOBS_TREE)
+	$(BIN)/python tools/make_imagenet_like.py $(JOBS_TREE)/src --files 20000 --classes 100 --payload jpeg
+	touch $@
+
+bench-jobs: install $(JOBS_TREE)/generated-20000-100-jpeg
+	$(BENCH_JOBS) --plot docs/bench-jobs-warm.png > docs/bench-jobs-warm.json
+	$(BENCH_JOBS) --cold --plot docs/bench-jobs-cold.png > docs/bench-jobs-cold.json
+
+# One ImageFolder epoch from a throttled disk: native tree vs dlfs (block and full order).
+bench-train: install
+	$(BIN)/python tools/bench_train.py --json > docs/bench-train.json
+
+bench: bench-scale bench-pack bench-read bench-jobs bench-train
 
 clean:
 	rm -rf $(VENV) demo-data bench-data .pytest_cache .ruff_cache .hypothesis

@@ -42,7 +42,7 @@ async def _serve(prefetcher: Prefetcher | None) -> None:
         nursery.cancel_scope.cancel()
 
 
-def _push(row: int, data: bytes) -> None:
+def _push(row: int, data: bytes | memoryview) -> None:
     """Store a whole file in the kernel page cache (inode = row + 1)."""
     if data:
         pyfuse3.notify_store(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE), 0, data)
@@ -60,7 +60,7 @@ async def _terminate_on_signal() -> None:
 def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], None]) -> None:
     """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
     started = time.monotonic()
-    store = open_store(dataset)
+    store = open_store(dataset, random_access=True)
     index = Index.load(store)
     index.check_shards(store)
     mountpoint = Path(mnt)

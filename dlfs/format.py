@@ -114,7 +114,7 @@ def encode_payload(data: bytes, compress: bool) -> tuple[bytes, int]:
     return data, 0
 
 
-def decode_payload(stored: bytes, flags: int, size: int, expected: int) -> bytes:
+def decode_payload(stored: bytes | memoryview, flags: int, size: int, expected: int) -> bytes | memoryview:
     """Turn stored bytes back into the original file, or raise IntegrityError; never wrong bytes.
 
     The message names no file: building a path costs more than the check, so callers add it only

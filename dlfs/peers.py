@@ -37,7 +37,9 @@ class Peer:
     image: str
 
     def command(self, template: tuple[str, ...], src: Path, image: Path, mnt: Path) -> list[str]:
-        values = {"src": str(src), "image": str(image), "mnt": str(mnt), "python": sys.executable}
+        # Absolute paths: daemons that detach chdir to /, and dlfs bench finds them by their argv.
+        paths = {"src": src, "image": image, "mnt": mnt}
+        values = {key: os.path.abspath(path) for key, path in paths.items()} | {"python": sys.executable}
         return [part.format(**values) for part in template]
 
 

@@ -40,7 +40,7 @@ BATCH_FILES = 256
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
 MAX_READINGS = 16
 
-Push = Callable[[int, bytes], None]
+Push = Callable[[int, bytes | memoryview], None]
 
 
 @dataclass
@@ -121,18 +121,27 @@ class Prefetcher:
         self._wake.set()
 
     def observe(self, row: int) -> None:
-        """A read of ``row`` reached the daemon: move the cursor of every sequence holding it."""
+        """A read of ``row`` reached the daemon: move the cursor of every sequence holding it.
+
+        Several readers (DataLoader workers) share one sequence and never quite keep step, so the
+        cursor is the furthest position seen. A read behind it is a slower worker, unless it lies
+        near the start of the sequence while the cursor is a window past that: then the epoch
+        restarted. A read beyond what was fetched moves the fetching there only when it is more than
+        a window ahead (a reader skipped); a nearer one is a fast worker, and the files behind it are
+        exactly what the others need next, so they are still fetched.
+        """
         for follow in self._follows.values():
             pos = int(follow.position[row])
             if pos < 0:
                 continue
+            window = self._window_files(follow)
             if pos >= follow.cursor:
-                if pos >= follow.fetched:
+                if pos >= follow.fetched + window:
                     self.stats.misses_ahead += 1
                     follow.fetched = pos
                 self.stats.used_files += pos - follow.cursor
                 follow.cursor = pos
-            elif pos < follow.cursor - self._window_files(follow):
+            elif pos < window <= follow.cursor - pos:
                 self.stats.restarts += 1
                 follow.cursor = follow.fetched = pos
         self._wake.set()
@@ -179,15 +188,20 @@ class Prefetcher:
             if to_push:
                 held += await trio.to_thread.run_sync(self._push_all, to_push)
             for row, data in held:
-                self.reader.cache.put(row, data)
+                # A copy: a view would keep its whole storage read (megabytes) alive in the cache.
+                self.reader.cache.put(row, bytes(data))
             self.stats.held_files += len(held)
         finally:
             self._inflight -= 1
             self._wake.set()
 
-    def _load(self, rows: np.ndarray) -> list[bytes | None]:
-        """Fetch, verify and decode a run of files; neighbours in one shard share a storage read."""
-        out: list[bytes | None] = [None] * rows.size
+    def _load(self, rows: np.ndarray) -> list[bytes | memoryview | None]:
+        """Fetch, verify and decode a run of files; neighbours in one shard share a storage read.
+
+        Files come back as views into the storage read where they are stored plain: a push copies
+        them into the page cache anyway, so slicing them out first would be one copy too many.
+        """
+        out: list[bytes | memoryview | None] = [None] * rows.size
         shards = self.index.shard[rows]
         offsets = self.index.offset[rows].astype(np.int64)
         ends = offsets + self.index.stored[rows].astype(np.int64)
@@ -208,7 +222,7 @@ class Prefetcher:
             span = int(max(ends[i] for i in group)) - begin
             self.stats.storage_reads += 1
             try:
-                blob = self.reader.fetch_range(int(rows[group[0]]), begin, span)
+                blob = memoryview(self.reader.fetch_range(int(rows[group[0]]), begin, span))
             except DlfsError as exc:
                 log.warning("read-ahead of shard %d failed: %s", int(shards[group[0]]), exc)
                 continue
@@ -224,7 +238,7 @@ class Prefetcher:
         self.stats.issued_bytes += sum(len(data) for data in out if data is not None)
         return out
 
-    def _push_all(self, items: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    def _push_all(self, items: list[tuple[int, bytes | memoryview]]) -> list[tuple[int, bytes | memoryview]]:
         """Push into the kernel page cache (worker thread: never on the loop that answers reads)."""
         assert self.push is not None
         refused = []

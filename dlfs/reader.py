@@ -65,7 +65,7 @@ class Reader:
         """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
         return self.decode(row, self._raw(row, 0, int(self.index.stored[row])))
 
-    def decode(self, row: int, stored: bytes) -> bytes:
+    def decode(self, row: int, stored: bytes | memoryview) -> bytes | memoryview:
         """Stored payload -> original bytes, verified against the file's checksum."""
         index = self.index
         return fmt.decode_payload(

@@ -77,9 +77,10 @@ class _LocalWriter:
 class LocalStore:
     """A directory on a local or network filesystem, read with ``pread`` on cached descriptors."""
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], random_access: bool = False) -> None:
         self.root = Path(root)
         self.url = str(self.root)
+        self.random_access = random_access
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -93,6 +94,11 @@ class LocalStore:
                         fd = os.open(self.root / name, os.O_RDONLY | os.O_CLOEXEC)
                     except FileNotFoundError as exc:
                         raise DatasetError(f"{name} is missing from {self.root}") from exc
+                    if self.random_access:
+                        # Every read asks for exactly the bytes it needs (a file, or a run of
+                        # neighbours); kernel read-ahead past them read 2.3x the dataset from a cold
+                        # disk in a shuffled epoch, and competed with the reads that mattered.
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                     self._fds[name] = fd
         return fd
 
@@ -154,6 +160,10 @@ class LocalStore:
             self._fds.clear()
 
 
-def open_store(location: str | os.PathLike[str]) -> Store:
-    """The backend for a dataset location; today only local directories."""
-    return LocalStore(location)
+def open_store(location: str | os.PathLike[str], random_access: bool = False) -> Store:
+    """The backend for a dataset location; today only local directories.
+
+    ``random_access``: reads will not follow storage order (a mount), so reading ahead of each
+    read in storage order only wastes bandwidth.
+    """
+    return LocalStore(location, random_access)

@@ -129,6 +129,8 @@ def test_peers_are_built_mounted_measured_and_unmounted(tree: Path, tmp_path: Pa
         assert list(roots) == ["native", "dlfs", "squashfuse_ll", "ratarmount"], job
         if job == "orderread":
             assert {result["median"]["bytes"] for result in roots.values()} == {tree_bytes(tree)}
+        # Every peer's daemon is found, so its CPU and RSS are reported.
+        assert all(roots[peer]["median"]["daemon_rss_after"] > 0 for peer in report["peers"]), job
     for peer in report["peers"]:
         assert not _is_mounted(work / peer / "mnt")
     # A second run reuses the images (same source); the stamps say when each was built.

@@ -108,3 +108,26 @@ def test_read_ahead_off_still_reads_correctly(packed: Path, odd_tree: Path, moun
         for path in _published(mnt, "epoch-0"):
             assert path.read_bytes() == (odd_tree / path.relative_to(mnt)).read_bytes()
         assert _stats(mnt)["prefetch"] is None
+
+
+def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, mount) -> None:
+    """8 workers taking files k, k+8, ... never keep step; that must not look like restarts or skips."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = _make_classes(tmp_path / "src", classes=4, per_class=200, size=3000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--prefetch-budget", "256K", "--cache-size", "1M") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        Path("/proc/sys/vm/drop_caches").write_text(
+            "3\n"
+        )  # pushes are refused: every file reaches the daemon
+        with ThreadPoolExecutor(8) as pool:
+            shares = list(pool.map(_read_all, [paths[k::8] for k in range(8)]))
+        stats = _stats(mnt)
+    assert sorted(b for share in shares for b in share) == sorted(
+        _read_all([src / p.relative_to(mnt) for p in paths])
+    )
+    assert stats["prefetch"]["restarts"] == 0 and stats["prefetch"]["misses_ahead"] == 0, stats["prefetch"]
+    assert stats["prefetch"]["issued_files"] == len(paths), "every file fetched ahead exactly once"
+    assert stats["cache"]["misses"] < len(paths) // 10, "the workers found their files fetched"

@@ -55,7 +55,9 @@ def main() -> None:
     src, dataset, slow = args.work / "src", args.work / "dataset", args.work / "slow"
     if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (dataset / "index.dlfs").exists():
         subprocess.run(
-            [*DLFS, "-q", "pack", str(src), str(dataset), "--order", "random", "--force"], check=True
+            [*DLFS, "-q", "pack", str(src), str(dataset), "--order", "random", "--force"],
+            check=True,
+            capture_output=True,
         )
     size = 2 * sum(p.stat().st_size for p in args.work.rglob("*") if p.is_file()) + (256 << 20)
     slowdisk.down(slow)

@@ -1,0 +1,69 @@
+"""The end-to-end tools: one ImageFolder epoch (native and through dlfs) and the throttled disk."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import dlfs
+from PIL import Image
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+CLASSES, PER_CLASS = 3, 12
+
+
+def tool(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=True
+    )
+
+
+@pytest.fixture(scope="module")
+def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("train") / "src"
+    for c in range(CLASSES):
+        (root / f"n{c:08d}").mkdir(parents=True)
+        for k in range(PER_CLASS):
+            Image.new("RGB", (64 + k, 48), (c * 80, k * 20, 0)).save(root / f"n{c:08d}" / f"{k}.JPEG")
+    return root
+
+
+def test_one_epoch_native_and_through_dlfs(jpegs: Path, tmp_path: Path, mount: object) -> None:
+    train = TOOLS / "train_imagefolder.py"
+    native = json.loads(tool(train, jpegs, "--workers", "2", "--batch-size", "8", "--model", "--json").stdout)
+    assert native["images"] == CLASSES * PER_CLASS
+    assert 0 <= native["data_wait_s"] <= native["epoch_s"] and native["images_per_s"] > 0
+    dataset = tmp_path / "dataset"
+    dlfs("pack", jpegs, dataset, "--order", "random")
+    with mount(dataset, "--order", "block", "--block", "4") as mnt:  # type: ignore[operator]
+        through = json.loads(tool(train, mnt, "--sampler", "dlfs", "--workers", "2", "--json").stdout)
+    assert through["images"] == CLASSES * PER_CLASS
+
+
+def test_slow_disk_throttles_reads_of_every_process_inside(tmp_path: Path) -> None:
+    """20 read IOPS: 40 uncached small files need about 2 s inside the cgroup, far less outside."""
+    slowdisk = TOOLS / "slowdisk.py"
+    mnt = tmp_path / "slow"
+    tool(slowdisk, "up", mnt, "--size", "64M", "--iops", "20", "--bps", "10M")
+    try:
+        for k in range(40):
+            (mnt / f"f{k}").write_bytes(bytes([k]) * 3000)
+        subprocess.run(["sync"], check=True)
+
+        def read_all(*prefix: str | Path) -> float:
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            started = time.monotonic()
+            command = [*map(str, prefix), "sh", "-c", f"cat {mnt}/f* > /dev/null"]
+            subprocess.run(command, check=True, timeout=60)
+            return time.monotonic() - started
+
+        assert read_all(sys.executable, slowdisk, "run", "--") >= 1.5
+        assert read_all() < 1.0
+    finally:
+        tool(slowdisk, "down", mnt)
+    assert not mnt.with_suffix(".img").exists()
+    assert not Path("/sys/fs/cgroup/blkio/dlfs-slowdisk").exists()
