@@ -420,9 +420,15 @@ def run(
     if options.cold:
         check_can_drop_caches()
     trees = {root.path: Tree.walk(root.path) for root in roots}
-    order = published_order(roots, options.epoch) if "orderread" in options.jobs else None
+    if "orderread" in options.jobs:
+        published_order(roots, options.epoch)  # fail early when there is no order to follow
+    order = None
     results = []
     for job in options.jobs:
+        if job == "orderread" and order is None:
+            # Read only now: reading it arms a dlfs root's read-ahead, which must not work during
+            # the jobs before this one.
+            order = published_order(roots, options.epoch)
         for root in roots:
             items = job_items(job, trees[root.path], order, options.seed)
             if not items:

@@ -77,6 +77,8 @@ def test_index_resolves_every_path_and_lists_every_directory(tree: dict[bytes, o
                 assert int(index.checksum[row]) == fmt.checksum(content)
             assert index.lookup(row if isinstance(content, dict) else 0, b"\x00missing") is None
         assert [index.name(r) for r in index.children(fmt.ROOT_ROW)] == sorted(tree)
+        every = range(index.count)
+        assert [index.attrs(row) for row in every] == index.attrs_run(every), "scalar and run agree"
 
 
 def test_children_of_a_file_is_empty_and_root_is_not_its_own_child(tmp_path: Path) -> None:
