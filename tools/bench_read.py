@@ -4,7 +4,9 @@
 The reading is ``dlfs bench``'s ``orderread`` job (processes, like DataLoader workers; every file
 read whole and unbuffered, as ``dlfs.torch.pil_loader`` does). Reports files/s, MB/s and per-file
 latency p50/p99 (medians over --repeat runs), as a table and JSON. What this adds to ``dlfs bench``:
-a fresh mount for every run, so no run profits from pages an earlier one left in the mount.
+a fresh mount for every run, so no run profits from pages an earlier one left in the mount, and
+a cold start the way a training job has one: caches dropped, mount, ImageFolder's scan, then the
+epoch (``dlfs bench --cold`` drops the caches after the scan, so the kernel forgets the inodes too).
 
 Cases: native tree, dlfs with read-ahead, dlfs without; each warm and cold. "Cold" drops the page
 cache first. "Warm" means the storage is in the page cache: the native files after an untimed pass,
@@ -72,12 +74,14 @@ def main() -> None:
                             read_all(str(src), published, readers, cold)
                         runs.append(read_all(str(src), published, readers, cold))
                         continue
-                    if not cold:
+                    if cold:
+                        bench.drop_caches()  # before mounting: the scan below is part of a cold start
+                    else:
                         for shard in dst.iterdir():  # storage warm; the fresh mount's own pages start empty
                             shard.read_bytes()
                     with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log"), *flags):
                         bench.imagefolder_scan(str(mnt))  # what a training job does first (untimed)
-                        runs.append(read_all(str(mnt), published, readers, cold))
+                        runs.append(read_all(str(mnt), published, readers, cold=False))
                 row = median_runs(runs)
                 results.setdefault(f"{case} {temperature}", {})[str(readers)] = row
                 print(
