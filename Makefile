@@ -61,7 +61,7 @@ bench-jobs: install $(JOBS_TREE)/generated-20000-100-jpeg
 
 # One ImageFolder epoch from a throttled disk: native tree vs dlfs (block and full order).
 bench-train: install
-	$(BIN)/python tools/bench_train.py --json > docs/bench-train.json
+	$(BIN)/python tools/bench_train.py --window 4096 64 --json > docs/bench-train.json
 
 bench: bench-scale bench-pack bench-read bench-jobs bench-train
 
