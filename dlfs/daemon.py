@@ -23,6 +23,7 @@ from dlfs.fs import DlfsOperations
 from dlfs.index import Index
 from dlfs.mount import MountOptions, check_mountpoint
 from dlfs.order import OrderSpec
+from dlfs.pagecache import MountPageCache
 from dlfs.prefetch import Prefetcher
 from dlfs.reader import Reader
 from dlfs.store import open_store
@@ -71,8 +72,14 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     reader = Reader(index, store, cache, max_threads=options.threads)
     prefetcher = None
     if options.prefetch_budget > 0:
+        pages = MountPageCache(str(mountpoint.resolve()))
         prefetcher = Prefetcher(
-            index, reader, _push, budget=options.prefetch_budget, max_inflight=options.prefetch_inflight
+            index,
+            reader,
+            _push,
+            budget=options.prefetch_budget,
+            max_inflight=options.prefetch_inflight,
+            held=lambda row: pages.holds(index.path(row), int(index.size[row])),
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 

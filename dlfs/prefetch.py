@@ -41,6 +41,8 @@ BATCH_FILES = 256
 MAX_READINGS = 16
 
 Push = Callable[[int, bytes | memoryview], None]
+#: Does the kernel already cache every page of this row's file?
+Held = Callable[[int], bool]
 
 
 @dataclass
@@ -69,6 +71,7 @@ class PrefetchStats:
     wasted_files: int = 0
     restarts: int = 0
     misses_ahead: int = 0
+    already_cached: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -83,10 +86,12 @@ class Prefetcher:
         budget: int = 512 << 20,
         max_inflight: int = 8,
         sentinel_every: int = 64,
+        held: Held | None = None,
     ) -> None:
         self.index = index
         self.reader = reader
         self.push = push
+        self.held = held
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -178,13 +183,12 @@ class Prefetcher:
     async def _fetch(self, follow: _Follow, start: int, stop: int) -> None:
         try:
             rows = follow.reading.rows[start:stop]
-            loaded = await trio.to_thread.run_sync(self._load, rows)
+            sentinel = [self.push is None or p % self.sentinel_every == 0 for p in range(start, stop)]
+            todo, loaded = await trio.to_thread.run_sync(self._prepare, rows, sentinel)
             held, to_push = [], []
-            for position, row, data in zip(range(start, stop), rows.tolist(), loaded, strict=True):
-                if data is None:
-                    continue
-                sentinel = self.push is None or position % self.sentinel_every == 0
-                (held if sentinel else to_push).append((row, data))
+            for k, data in zip(todo, loaded, strict=True):
+                if data is not None:
+                    (held if sentinel[k] else to_push).append((int(rows[k]), data))
             if to_push:
                 held += await trio.to_thread.run_sync(self._push_all, to_push)
             for row, data in held:
@@ -194,6 +198,23 @@ class Prefetcher:
         finally:
             self._inflight -= 1
             self._wake.set()
+
+    def _prepare(
+        self, rows: np.ndarray, sentinel: list[bool]
+    ) -> tuple[list[int], list[bytes | memoryview | None]]:
+        """Which files of a batch to fetch (positions in it), and their payloads.
+
+        When the kernel already caches the batch's first pushable file, the batch was read before
+        (an earlier epoch, an earlier job): only its sentinels are fetched. One question per batch
+        keeps the check cheap; a file of the batch the kernel does not hold after all is read
+        through the daemon, which moves the cursor on, as any file the read-ahead missed.
+        """
+        todo = list(range(rows.size))
+        first = next((k for k in todo if not sentinel[k]), None)
+        if self.held is not None and first is not None and self.held(int(rows[first])):
+            todo = [k for k in todo if sentinel[k]]
+            self.stats.already_cached += rows.size - len(todo)
+        return todo, self._load(rows[todo])
 
     def _load(self, rows: np.ndarray) -> list[bytes | memoryview | None]:
         """Fetch, verify and decode a run of files; neighbours in one shard share a storage read.

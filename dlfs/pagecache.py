@@ -1,0 +1,71 @@
+"""Does the kernel already cache a file of the mount? So the read-ahead skips what it holds.
+
+From the second epoch on (or after any job that read the data), the mount's page cache often holds
+the files already, and pushing them again copies them for nothing while the readers wait for CPU.
+The daemon asks the kernel with ``cachestat`` (Linux >= 6.5) on a descriptor opened through its own
+mountpoint: the path walk and the open are answered from the kernel's caches (entries never expire,
+opens are never sent), so the question costs a few system calls and no round trip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+#: cachestat's number in the generic syscall table, the same on every architecture.
+SYS_CACHESTAT = 451
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def cached_pages(fd: int, length: int) -> int | None:
+    """Pages of the first ``length`` bytes of ``fd`` in the page cache; None without cachestat."""
+    span, out = _Range(0, length), _Stat()
+    if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(out), 0) != 0:
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EPERM):  # an older kernel, or a seccomp filter
+            return None
+        raise OSError(code, os.strerror(code))
+    return int(out.nr_cache)
+
+
+class MountPageCache:
+    """``holds(path, size)``: is every page of a file of the mount in the kernel page cache?"""
+
+    def __init__(self, mountpoint: str) -> None:
+        self.mountpoint = os.fsencode(mountpoint)
+        self.available = True
+
+    def holds(self, path: bytes, size: int) -> bool:
+        if not self.available or size == 0:
+            return False
+        try:
+            fd = os.open(self.mountpoint + b"/" + path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            pages = cached_pages(fd, size)
+        finally:
+            os.close(fd)
+        if pages is None:
+            self.available = False
+            return False
+        return pages >= (size + PAGE - 1) // PAGE
