@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import dlfs, wait_until
@@ -18,6 +19,16 @@ def _stats(mnt: Path) -> dict:
 
 def _published(mnt: Path, name: str) -> list[Path]:
     return [mnt / path for path in parse_order((mnt / ".dlfs" / "order" / name).read_bytes())]
+
+
+def _settled(mnt: Path, epoch: str, files: int) -> Callable[[], bool]:
+    """The read-ahead of ``epoch`` (rank 0 of 1) has fetched all ``files`` and has nothing in flight."""
+
+    def settled() -> bool:
+        prefetch = _stats(mnt)["prefetch"]
+        return prefetch["readings"][f"{epoch}.rank-0-of-1"]["fetched"] == files and not prefetch["inflight"]
+
+    return settled
 
 
 def _read_all(paths: list[Path]) -> list[bytes]:
@@ -45,15 +56,7 @@ def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path,
         for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
             path.stat()
         paths = _published(mnt, "epoch-0")
-
-        def settled() -> bool:
-            prefetch = _stats(mnt)["prefetch"]
-            return (
-                prefetch["readings"]["epoch-0.rank-0-of-1"]["fetched"] == len(paths)
-                and not prefetch["inflight"]
-            )
-
-        assert wait_until(settled, 30), "the read-ahead never fetched the (small) epoch"
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
         before = _stats(mnt)
         data = _read_all(paths)
         after = _stats(mnt)
@@ -144,15 +147,7 @@ def test_files_the_kernel_already_caches_are_not_pushed_again(tmp_path: Path, mo
         _read_all(first)  # every file now sits in the mount's page cache
         before = _stats(mnt)["prefetch"]
         second = _published(mnt, "epoch-1")  # a new epoch: its read-ahead starts at once
-
-        def settled() -> bool:
-            prefetch = _stats(mnt)["prefetch"]
-            return (
-                prefetch["readings"]["epoch-1.rank-0-of-1"]["fetched"] == len(second)
-                and not prefetch["inflight"]
-            )
-
-        assert wait_until(settled, 30)
+        assert wait_until(_settled(mnt, "epoch-1", len(second)), 30)
         after = _stats(mnt)["prefetch"]
         data = _read_all(second)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in second]
