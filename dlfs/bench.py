@@ -352,21 +352,30 @@ def _order_file(root: Root, epoch: int) -> Path:
     return Path(root.path, ".dlfs", "order", f"epoch-{epoch}")
 
 
+def _is_dlfs(root: Root) -> bool:
+    """A dlfs mount, told by its config file: resolving an order file would arm the read-ahead."""
+    return Path(root.path, ".dlfs", "config").is_file()
+
+
+def _first_dlfs(roots: Sequence[Root]) -> Root:
+    for root in roots:
+        if _is_dlfs(root):
+            return root
+    raise BenchError("orderread needs a dlfs mount among the roots: its published order is what is read")
+
+
 def published_order(roots: Sequence[Root], epoch: int) -> list[str]:
     """Epoch ``epoch``'s order from the first dlfs root; reading it arms that mount's read-ahead."""
     from dlfs.control import parse_order
 
-    for root in roots:
-        if _order_file(root, epoch).is_file():
-            return parse_order(_order_file(root, epoch).read_bytes())
-    raise BenchError("orderread needs a dlfs mount among the roots: its published order is what is read")
+    return parse_order(_order_file(_first_dlfs(roots), epoch).read_bytes())
 
 
 def run_once(root: Root, job: str, items: Sequence[str], options: Options) -> dict[str, float]:
     """One timed pass of ``job`` over ``items`` on ``root``: throughput, latency, CPU, daemon RSS."""
     if options.cold:
         drop_caches()
-    if job == "orderread" and _order_file(root, options.epoch).is_file():
+    if job == "orderread" and _is_dlfs(root):
         _order_file(root, options.epoch).read_bytes()  # re-arms a dlfs root's read-ahead, as the sampler does
     pid = daemon_pid(root.path)
     daemon_cpu = proc_cpu(pid) if pid else 0.0
@@ -421,7 +430,7 @@ def run(
         check_can_drop_caches()
     trees = {root.path: Tree.walk(root.path) for root in roots}
     if "orderread" in options.jobs:
-        published_order(roots, options.epoch)  # fail early when there is no order to follow
+        _first_dlfs(roots)  # fail early when there is no order to follow, without arming anything
     order = None
     results = []
     for job in options.jobs:

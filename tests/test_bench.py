@@ -167,3 +167,18 @@ def test_cold_without_permission_says_so() -> None:
         cwd="/",
     )
     assert_one_line_error(result, "drop_caches", "run as root or drop --cold")
+
+
+def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, tmp_path: Path, mount: object) -> None:
+    dataset = tmp_path / "dataset"
+    dlfs("pack", tree, dataset)
+    armed = {}
+    with mount(dataset) as mnt:  # type: ignore[operator]
+
+        def progress(result: bench.Result) -> None:
+            armed[result.job] = json.loads((mnt / ".dlfs" / "stats").read_text())["prefetch"]["readings"]
+
+        bench.run(
+            [bench.Root.parse(str(mnt))], bench.Options(jobs=["stat", "orderread"], readers=2), progress
+        )
+    assert armed["stat"] == {} and list(armed["orderread"]) == ["epoch-0.rank-0-of-1"]
