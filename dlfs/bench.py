@@ -299,6 +299,11 @@ class Options:
     epoch: int = 0
 
 
+def median_runs(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Per figure, the median over runs (every run has the same keys)."""
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
 @dataclass
 class Result:
     """One job on one root: the median of ``repeat`` runs, and every run in ``runs``."""
@@ -312,7 +317,7 @@ class Result:
 
     @property
     def median(self) -> dict[str, float]:
-        return {key: statistics.median(run[key] for run in self.runs) for key in self.runs[0]}
+        return median_runs(self.runs)
 
     def spread(self, key: str) -> tuple[float, float]:
         values = [run[key] for run in self.runs]

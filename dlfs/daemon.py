@@ -79,7 +79,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             _push,
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
-            held=lambda row: pages.holds(index.path(row), int(index.size[row])),
+            in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 

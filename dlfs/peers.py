@@ -37,10 +37,13 @@ class Peer:
     image: str
 
     def command(self, template: tuple[str, ...], src: Path, image: Path, mnt: Path) -> list[str]:
+        """The template filled in, its program resolved the way ``available`` found it."""
         # Absolute paths: daemons that detach chdir to /, and dlfs bench finds them by their argv.
         paths = {"src": src, "image": image, "mnt": mnt}
         values = {key: os.path.abspath(path) for key, path in paths.items()} | {"python": sys.executable}
-        return [part.format(**values) for part in template]
+        command = [part.format(**values) for part in template]
+        command[0] = _tool_path(command[0]) or command[0]
+        return command
 
 
 PEERS = (
@@ -91,7 +94,6 @@ def build(peer: Peer, src: Path, work: Path, rebuild: bool = False) -> tuple[Pat
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     command = peer.command(peer.build, src, image, folder / "mnt")
-    command[0] = _tool_path(command[0]) or command[0]
     log.info("building the %s image of %s", peer.name, src)
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -119,7 +121,6 @@ def mounted(peer: Peer, image: Path, mnt: Path) -> Iterator[Root]:
     unmount(mnt)
     mnt.mkdir(parents=True, exist_ok=True)
     command = peer.command(peer.mount, image.parent, image, mnt)
-    command[0] = _tool_path(command[0]) or command[0]
     done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=MOUNT_TIMEOUT)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT

@@ -42,7 +42,7 @@ MAX_READINGS = 16
 
 Push = Callable[[int, bytes | memoryview], None]
 #: Does the kernel already cache every page of this row's file?
-Held = Callable[[int], bool]
+InKernel = Callable[[int], bool]
 
 
 @dataclass
@@ -86,12 +86,12 @@ class Prefetcher:
         budget: int = 512 << 20,
         max_inflight: int = 8,
         sentinel_every: int = 64,
-        held: Held | None = None,
+        in_kernel: InKernel | None = None,
     ) -> None:
         self.index = index
         self.reader = reader
         self.push = push
-        self.held = held
+        self.in_kernel = in_kernel
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -139,14 +139,15 @@ class Prefetcher:
             pos = int(follow.position[row])
             if pos < 0:
                 continue
-            window = self._window_files(follow)
+            # The window (a binary search) only matters for reads past what was fetched or behind
+            # the cursor; most reads that reach the daemon are sentinels between the two.
             if pos >= follow.cursor:
-                if pos >= follow.fetched + window:
+                if pos >= follow.fetched and pos >= follow.fetched + self._window_files(follow):
                     self.stats.misses_ahead += 1
                     follow.fetched = pos
                 self.stats.used_files += pos - follow.cursor
                 follow.cursor = pos
-            elif pos < window <= follow.cursor - pos:
+            elif pos < self._window_files(follow) <= follow.cursor - pos:
                 self.stats.restarts += 1
                 follow.cursor = follow.fetched = pos
         self._wake.set()
@@ -211,7 +212,7 @@ class Prefetcher:
         """
         todo = list(range(rows.size))
         first = next((k for k in todo if not sentinel[k]), None)
-        if self.held is not None and first is not None and self.held(int(rows[first])):
+        if self.in_kernel is not None and first is not None and self.in_kernel(int(rows[first])):
             todo = [k for k in todo if sentinel[k]]
             self.stats.already_cached += rows.size - len(todo)
         return todo, self._load(rows[todo])

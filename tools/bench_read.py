@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +34,6 @@ def read_all(root: str, paths: list[str], readers: int, cold: bool) -> dict[str,
     """One pass of ``orderread`` over ``paths`` (relative to ``root``) with ``readers`` processes."""
     options = bench.Options(readers=readers, cold=cold)
     return bench.run_once(bench.Root("", root), "orderread", paths, options)
-
-
-def median_runs(runs: list[dict[str, float]]) -> dict[str, float]:
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 def main() -> None:
@@ -82,7 +77,7 @@ def main() -> None:
                     with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log"), *flags):
                         bench.imagefolder_scan(str(mnt))  # what a training job does first (untimed)
                         runs.append(read_all(str(mnt), published, readers, cold=False))
-                row = median_runs(runs)
+                row = bench.median_runs(runs)
                 results.setdefault(f"{case} {temperature}", {})[str(readers)] = row
                 print(
                     f"{case:20} {temperature:5} {readers} readers: {row['items_per_s']:9,.0f} files/s",

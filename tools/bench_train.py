@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import slowdisk
 from benchlib import DLFS, dlfs_mount, drop_caches, ensure_tree
+
+from dlfs import bench
 
 HERE = Path(__file__).resolve().parent
 
@@ -102,10 +103,7 @@ def main() -> None:
     finally:
         slowdisk.leave()
         slowdisk.down(slow)
-    summary = {
-        case: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        for case, runs in results.items()
-    }
+    summary = {case: bench.median_runs(runs) for case, runs in results.items()}
     if args.json:
         print(
             json.dumps(
