@@ -80,6 +80,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
             in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
+            reveal=lambda row: pages.reveal(index.path(row)),
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 

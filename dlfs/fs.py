@@ -1,7 +1,7 @@
 """The pyfuse3 adapter: kernel requests in, calls on Index and Reader out.
 
 Thin on purpose. Domain errors become errno values here and nowhere else. Inode numbers are index
-rows + 1, so the kernel's lookup counting needs no table (``forget`` has nothing to do), and entry
+rows + 1, so the kernel's lookup counting needs no table (``forget`` only tells the read-ahead), and entry
 and attribute timeouts are long because a packed dataset never changes.
 
 File handles are inode numbers. With the pyfuse3 build from ``tools/build_pyfuse3.py``, ``open``,
@@ -17,6 +17,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import pyfuse3
 import trio
 from pyfuse3 import (
@@ -238,7 +239,10 @@ class DlfsOperations(pyfuse3.Operations):
         return None
 
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
-        return None
+        """Nothing to free (inodes are rows); the read-ahead learns which entries the kernel lost."""
+        if self.prefetcher is not None and inode_list:
+            rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
+            self.prefetcher.forgotten(rows[(rows >= 0) & (rows < self.index.count)])
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
         out = StatvfsData()

@@ -9,6 +9,7 @@ opens are never sent), so the question costs a few system calls and no round tri
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -48,7 +49,12 @@ def cached_pages(fd: int, length: int) -> int | None:
 
 
 class MountPageCache:
-    """``holds(path, size)``: is every page of a file of the mount in the kernel page cache?"""
+    """Questions to the kernel about the mount, asked through the mountpoint like any program would.
+
+    ``holds(path, size)``: is every page of a file in the kernel page cache? ``reveal(path)``: list a
+    directory so that the kernel learns all its entries (one READDIRPLUS per few hundred), which a
+    ``notify_store`` needs before it can push a file's pages.
+    """
 
     def __init__(self, mountpoint: str) -> None:
         self.mountpoint = os.fsencode(mountpoint)
@@ -69,3 +75,8 @@ class MountPageCache:
             self.available = False
             return False
         return pages >= (size + PAGE - 1) // PAGE
+
+    def reveal(self, path: bytes) -> None:
+        # On failure the pushes stay refused and the files are read through the daemon.
+        with contextlib.suppress(OSError):
+            os.listdir(self.mountpoint + b"/" + path if path else self.mountpoint)

@@ -4,7 +4,10 @@ For every sequence being read on this node (an ``.dlfs/order`` file was resolved
 the next ``budget`` bytes of files fetched from storage, verified, and pushed into the kernel's page
 cache with ``notify_store``. The reader's ``open``/``read`` of a pushed file then never reaches the
 daemon at all. Where the kernel does not know a file's inode yet (it was never looked up), the push
-is refused and the payload waits in the daemon's cache for the read instead.
+is refused. So before fetching, the engine lists the files' directories through the mount, which
+makes the kernel learn every entry at once (READDIRPLUS); a directory is listed again only after the
+kernel forgot one of its entries (``drop_caches``, memory pressure) and told the daemon so. A file
+still refused waits in the daemon's cache for the read instead.
 
 The reader's position is learned from the reads that do reach the daemon. Because pushed files are
 invisible, every ``sentinel_every``-th file of a window is deliberately *not* pushed but kept in the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +47,8 @@ MAX_READINGS = 16
 Push = Callable[[int, bytes | memoryview], None]
 #: Does the kernel already cache every page of this row's file?
 InKernel = Callable[[int], bool]
+#: Make the kernel learn every entry of this directory row (list it through the mount).
+Reveal = Callable[[int], None]
 
 
 @dataclass
@@ -72,9 +78,13 @@ class PrefetchStats:
     restarts: int = 0
     misses_ahead: int = 0
     already_cached: int = 0
+    load_cpu_seconds: float = 0.0
+    push_cpu_seconds: float = 0.0
+    revealed_dirs: int = 0
+    forgotten_ahead: int = 0
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
 
 
 class Prefetcher:
@@ -87,11 +97,14 @@ class Prefetcher:
         max_inflight: int = 8,
         sentinel_every: int = 64,
         in_kernel: InKernel | None = None,
+        reveal: Reveal | None = None,
     ) -> None:
         self.index = index
         self.reader = reader
         self.push = push
         self.in_kernel = in_kernel
+        self.reveal = reveal
+        self._listed = np.zeros(index.count, dtype=bool)
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -143,14 +156,31 @@ class Prefetcher:
             # the cursor; most reads that reach the daemon are sentinels between the two.
             if pos >= follow.cursor:
                 if pos >= follow.fetched and pos >= follow.fetched + self._window_files(follow):
+                    log.debug("read of position %d, fetched to %d: the reader skipped", pos, follow.fetched)
                     self.stats.misses_ahead += 1
                     follow.fetched = pos
                 self.stats.used_files += pos - follow.cursor
                 follow.cursor = pos
             elif pos < self._window_files(follow) <= follow.cursor - pos:
+                log.debug("read of position %d, cursor at %d: the epoch restarted", pos, follow.cursor)
                 self.stats.restarts += 1
                 follow.cursor = follow.fetched = pos
         self._wake.set()
+
+    def forgotten(self, rows: np.ndarray) -> None:
+        """The kernel dropped these entries, and with them any pages pushed for them.
+
+        Their directories must be listed again before a push, and pushed files still ahead of a
+        reader are fetched again (the batches the kernel does keep are skipped cheaply then).
+        """
+        self._listed[self.index.parent[rows]] = False
+        for follow in self._follows.values():
+            positions = follow.position[rows]
+            lost = positions[(positions >= follow.cursor) & (positions < follow.fetched)]
+            if lost.size:
+                self.stats.forgotten_ahead += int(lost.size)
+                follow.fetched = int(lost.min())
+                self._wake.set()
 
     def _window_files(self, follow: _Follow) -> int:
         ahead = np.searchsorted(follow.sizes, follow.sizes[follow.cursor] + self.budget)
@@ -210,6 +240,7 @@ class Prefetcher:
         keeps the check cheap; a file of the batch the kernel does not hold after all is read
         through the daemon, which moves the cursor on, as any file the read-ahead missed.
         """
+        self._reveal_dirs(rows)
         todo = list(range(rows.size))
         first = next((k for k in todo if not sentinel[k]), None)
         if self.in_kernel is not None and first is not None and self.in_kernel(int(rows[first])):
@@ -217,12 +248,28 @@ class Prefetcher:
             self.stats.already_cached += rows.size - len(todo)
         return todo, self._load(rows[todo])
 
+    def _reveal_dirs(self, rows: np.ndarray) -> None:
+        """List the directories of ``rows`` not listed since the kernel last forgot an entry of them.
+
+        Once per directory: a listing the kernel still caches is answered without the daemon, and
+        one it does not teaches it every entry in a few requests instead of a LOOKUP per file.
+        """
+        if self.reveal is None:
+            return
+        dirs = np.unique(self.index.parent[rows])
+        dirs = dirs[~self._listed[dirs]]
+        for row in dirs.tolist():
+            self.reveal(row)
+        self._listed[dirs] = True
+        self.stats.revealed_dirs += int(dirs.size)
+
     def _load(self, rows: np.ndarray) -> list[bytes | memoryview | None]:
         """Fetch, verify and decode a run of files; neighbours in one shard share a storage read.
 
         Files come back as views into the storage read where they are stored plain: a push copies
         them into the page cache anyway, so slicing them out first would be one copy too many.
         """
+        started = time.thread_time()
         out: list[bytes | memoryview | None] = [None] * rows.size
         shards = self.index.shard[rows]
         offsets = self.index.offset[rows].astype(np.int64)
@@ -258,11 +305,13 @@ class Prefetcher:
                     continue  # the reader's own read will fail with EIO and log it
         self.stats.issued_files += sum(data is not None for data in out)
         self.stats.issued_bytes += sum(len(data) for data in out if data is not None)
+        self.stats.load_cpu_seconds += time.thread_time() - started
         return out
 
     def _push_all(self, items: list[tuple[int, bytes | memoryview]]) -> list[tuple[int, bytes | memoryview]]:
         """Push into the kernel page cache (worker thread: never on the loop that answers reads)."""
         assert self.push is not None
+        started = time.thread_time()
         refused = []
         for row, data in items:
             try:
@@ -273,6 +322,7 @@ class Prefetcher:
                     log.warning("notify_store of %s failed: %s", self.index.location(row), exc)
                 self.stats.push_refused += 1
                 refused.append((row, data))
+        self.stats.push_cpu_seconds += time.thread_time() - started
         return refused
 
     def snapshot(self) -> dict[str, object]:
