@@ -170,13 +170,19 @@ def _depth_first(parent: np.ndarray, is_dir: np.ndarray) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+#: Keeps the placement's random stream apart from every epoch order's: ``default_rng(seed)`` equals
+#: ``default_rng([seed, 0])``, so with a plain seed, epoch 0 of the uniform order read the shards
+#: front to back -- a sequential read passed off as a shuffle.
+PLACEMENT_STREAM = 0x7061636B
+
+
 def placement_order(tree_parent: np.ndarray, mode: np.ndarray, order: str, seed: int) -> np.ndarray:
     """File rows in the order their bytes are laid into shards."""
     kinds = mode & fmt.TYPE_MASK
     rows = _depth_first(tree_parent, kinds == stat.S_IFDIR)
     files = rows[kinds[rows] == stat.S_IFREG]
     if order == "random":
-        files = np.random.default_rng(seed).permutation(files)
+        files = np.random.default_rng([seed, PLACEMENT_STREAM]).permutation(files)
     return files
 
 
