@@ -45,12 +45,18 @@ FILE_MODE = stat.S_IFREG | 0o444
 
 @dataclass(frozen=True)
 class Reading:
-    """One published sequence being read on this node: (epoch, world size, rank) and its rows."""
+    """One published sequence being read on this node: (epoch, world size, rank) and its rows.
+
+    ``window``: files this many positions apart may be storage neighbours that the read-ahead
+    should fetch together (``--order block`` shuffles whole runs within such a window); 0 when the
+    order makes no such promise.
+    """
 
     epoch: int
     world_size: int
     rank: int
     rows: np.ndarray
+    window: int = 0
 
 
 def escape(path: bytes) -> bytes:
@@ -199,7 +205,8 @@ class ControlTree:
     def _generate(self, inode: int) -> tuple[Reading, bytes]:
         epoch, world, rank = self._order_inodes[inode - self._first_order]
         files = self.files()
-        reading = Reading(epoch, world, rank, files[epoch_order(files.size, self.spec, epoch, world, rank)])
+        rows = files[epoch_order(files.size, self.spec, epoch, world, rank)]
+        reading = Reading(epoch, world, rank, rows, self.spec.window if self.spec.mode == "block" else 0)
         text = b"".join(escape(path) + b"\n" for path in self.index.paths(reading.rows))
         self._contents[inode] = (reading, text)
         if len(self._contents) > ORDER_CACHE:

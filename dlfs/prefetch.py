@@ -14,8 +14,12 @@ invisible, every ``sentinel_every``-th file of a window is deliberately *not* pu
 daemon's cache: reaching it costs the reader one quick round trip and tells the engine how far the
 reader got, so the window moves on. Positions far behind the cursor mean the epoch restarted.
 
-Neighbouring files of one shard are fetched with one storage read (coalescing); at most
-``max_inflight`` storage batches run at once; bytes ahead of the reader never exceed the budget.
+Storage is read in runs: a batch starts from the next files the reader needs and adds each one's
+storage neighbours that the reader will need within the budget, so a run of neighbours (a block of
+``--order block``, or any files a small dataset's shuffle brings close) is read once, whichever
+order the reader wants them in. Files of one shard at most ``COALESCE_GAP`` apart share a storage
+read; at most ``max_inflight`` batches run at once; bytes ahead of the reader never exceed the
+budget.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +45,8 @@ COALESCE_GAP = 256 << 10
 #: One fetch task covers up to this many bytes of upcoming files.
 BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
+#: How far (in files, each way in storage order) a batch looks for neighbours it can take along.
+NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
 MAX_READINGS = 16
 
@@ -53,16 +59,53 @@ Reveal = Callable[[int], None]
 
 @dataclass
 class _Follow:
-    """Where one published sequence stands: consumed up to ``cursor``, fetched up to ``fetched``."""
+    """Where one published sequence stands.
+
+    The reader got to ``cursor``. Every position below ``fetched`` was fetched or passed over; above
+    it, ``done`` marks the files fetched early as neighbours of others. ``ahead`` counts the bytes
+    fetched at or past the cursor: what the budget bounds.
+    """
 
     reading: Reading
     position: np.ndarray  # row -> first position in the sequence, or -1 (int32: 5 MB per 1.28 M rows)
     sizes: np.ndarray  # cumulative bytes of the sequence, for O(1) window sizes
+    done: np.ndarray  # position -> fetched (meaningful from ``fetched`` on)
     cursor: int = 0
     fetched: int = 0
+    ahead: int = 0
 
-    def ahead_bytes(self) -> int:
-        return int(self.sizes[self.fetched] - self.sizes[min(self.cursor, self.fetched)])
+    def size_at(self, positions: np.ndarray) -> np.ndarray:
+        return self.sizes[positions + 1] - self.sizes[positions]
+
+    def mark(self, positions: np.ndarray) -> None:
+        """These files are being fetched; move ``fetched`` past every fetched position."""
+        self.done[positions] = True
+        self.ahead += int(self.size_at(positions[positions >= self.cursor]).sum())
+        tail = self.done[self.fetched :]
+        self.fetched += int(np.argmin(tail)) if not tail.all() else tail.size
+
+    def advance(self, pos: int) -> None:
+        """The reader got to ``pos``: what it passed no longer counts against the budget."""
+        span = np.arange(self.cursor, pos)
+        self.ahead -= int(self.size_at(span[self.done[span]]).sum())
+        self.cursor = pos
+
+    def skip_to(self, pos: int) -> None:
+        """Fetch from ``pos`` on: a reader jumped there, the files before it are not wanted."""
+        span = np.arange(self.fetched, pos)
+        self.ahead -= int(self.size_at(span[self.done[span]]).sum())
+        self.fetched = pos
+
+    def restart(self, pos: int) -> None:
+        self.cursor = self.fetched = pos
+        self.done[pos:] = False
+        self.ahead = 0
+
+    def lost(self, positions: np.ndarray) -> None:
+        """Fetched files the kernel dropped before the reader came: fetch them again."""
+        self.done[positions] = False
+        self.ahead -= int(self.size_at(positions).sum())
+        self.fetched = min(self.fetched, int(positions.min()))
 
 
 @dataclass
@@ -109,6 +152,10 @@ class Prefetcher:
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
         self.stats = PrefetchStats()
+        self._by_storage = index.file_rows()
+        self._storage_rank = np.full(index.count, -1, dtype=np.int64)
+        self._storage_rank[self._by_storage] = np.arange(self._by_storage.size)
+        self._near = np.concatenate([np.arange(-NEIGHBOURS, 0), np.arange(1, NEIGHBOURS + 1)])
         self._follows: dict[tuple[int, int, int], _Follow] = {}
         self._inflight = 0
         self._wake = trio.Event()
@@ -128,7 +175,8 @@ class Prefetcher:
         position[reading.rows[::-1]] = np.arange(reading.rows.size - 1, -1, -1)
         sizes = np.zeros(reading.rows.size + 1, dtype=np.int64)
         np.cumsum(self.index.size[reading.rows], out=sizes[1:])
-        self._follows[key] = _Follow(reading, position, sizes)
+        done = np.zeros(reading.rows.size, dtype=bool)
+        self._follows[key] = _Follow(reading, position, sizes, done)
         log.info(
             "following epoch %d rank %d of %d (%d files)",
             reading.epoch,
@@ -158,13 +206,13 @@ class Prefetcher:
                 if pos >= follow.fetched and pos >= follow.fetched + self._window_files(follow):
                     log.debug("read of position %d, fetched to %d: the reader skipped", pos, follow.fetched)
                     self.stats.misses_ahead += 1
-                    follow.fetched = pos
+                    follow.skip_to(pos)
                 self.stats.used_files += pos - follow.cursor
-                follow.cursor = pos
+                follow.advance(pos)
             elif pos < self._window_files(follow) <= follow.cursor - pos:
                 log.debug("read of position %d, cursor at %d: the epoch restarted", pos, follow.cursor)
                 self.stats.restarts += 1
-                follow.cursor = follow.fetched = pos
+                follow.restart(pos)
         self._wake.set()
 
     def forgotten(self, rows: np.ndarray) -> None:
@@ -176,10 +224,11 @@ class Prefetcher:
         self._listed[self.index.parent[rows]] = False
         for follow in self._follows.values():
             positions = follow.position[rows]
-            lost = positions[(positions >= follow.cursor) & (positions < follow.fetched)]
+            positions = positions[positions >= follow.cursor]
+            lost = positions[follow.done[positions] | (positions < follow.fetched)]
             if lost.size:
                 self.stats.forgotten_ahead += int(lost.size)
-                follow.fetched = int(lost.min())
+                follow.lost(lost)
                 self._wake.set()
 
     def _window_files(self, follow: _Follow) -> int:
@@ -187,7 +236,7 @@ class Prefetcher:
         return max(int(ahead) - follow.cursor, self.sentinel_every)
 
     def _drop(self, follow: _Follow) -> None:
-        self.stats.wasted_files += max(follow.fetched - follow.cursor, 0)
+        self.stats.wasted_files += int(follow.done[follow.cursor :].sum())
 
     async def run(self) -> None:
         """Background task: keep every followed window full. Runs until cancelled."""
@@ -197,31 +246,56 @@ class Prefetcher:
                 self._wake = trio.Event()
                 for follow in list(self._follows.values()):
                     while self._inflight < self.max_inflight and follow.fetched < follow.reading.rows.size:
-                        if follow.ahead_bytes() >= self.budget:
+                        positions = self._next_batch(follow)
+                        if positions is None:
                             break
-                        start = follow.fetched
-                        stop = self._batch_end(follow, start)
-                        follow.fetched = stop
                         self._inflight += 1
-                        nursery.start_soon(self._fetch, follow, start, stop)
+                        nursery.start_soon(self._fetch, follow, positions)
 
-    def _batch_end(self, follow: _Follow, start: int) -> int:
-        """End of the next fetch: one batch, never past the budget ahead of the cursor (>= 1 file)."""
-        limit = min(follow.sizes[start] + BATCH_BYTES, follow.sizes[min(follow.cursor, start)] + self.budget)
-        stop = int(np.searchsorted(follow.sizes, limit, side="right")) - 1
-        return min(max(stop, start + 1), start + BATCH_FILES, follow.reading.rows.size)
+    def _next_batch(self, follow: _Follow) -> np.ndarray | None:
+        """Positions to fetch next, sorted; None while the budget is spent.
 
-    async def _fetch(self, follow: _Follow, start: int, stop: int) -> None:
+        The first files not yet fetched are the seeds, and each seed brings along its storage
+        neighbours that the reader needs before the budget's horizon: fetched now, they cost part
+        of one storage read; fetched in their turn, a read each. Seeds are taken in the reader's
+        order until the batch holds ``BATCH_BYTES``, so a batch is a run or two of neighbours when
+        the order keeps runs close (``--order block``), and the next files in order when it does not.
+        """
+        room = self.budget - follow.ahead
+        start, total = follow.fetched, follow.reading.rows.size
+        if room <= 0 or start >= total:
+            return None
+        base = follow.sizes[min(follow.cursor, start)]
+        horizon = int(np.searchsorted(follow.sizes, base + self.budget, side="right")) - 1
+        horizon = min(max(horizon, start + 1), total)  # at least one file, even one over the budget
+        span = np.arange(start, min(start + BATCH_FILES, horizon))
+        seeds = span[~follow.done[span]]
+        near = self._storage_rank[follow.reading.rows[seeds]][:, None] + self._near
+        np.clip(near, 0, self._by_storage.size - 1, out=near)
+        mates = follow.position[self._by_storage[near]]
+        # Within the budget's horizon, or within the order's window: a block's files are spread
+        # over a whole window, and a horizon sliding into the next window holds only a few of each.
+        wanted = (mates >= start) & (mates < max(horizon, start + follow.reading.window))
+        mates[~wanted] = start
+        wanted &= ~follow.done[mates]
+        cost = np.cumsum(follow.size_at(seeds) + np.where(wanted, follow.size_at(mates), 0).sum(axis=1))
+        take = max(int(np.searchsorted(cost, min(BATCH_BYTES, room), side="right")), int(cost[0] <= room))
+        if take == 0 and start - follow.cursor > 2 * self.sentinel_every:
+            return None  # wait until the reader frees room for the whole run
+        if take == 0:  # the reader is close: the seed, and those of its neighbours needed first that fit
+            first = np.sort(mates[0][wanted[0]])
+            fit = np.cumsum(follow.size_at(first)) <= room - int(follow.size_at(seeds[:1])[0])
+            positions = np.unique(np.concatenate([seeds[:1], first[fit]]))
+        else:
+            positions = np.unique(np.concatenate([seeds[:take], mates[:take][wanted[:take]]]))
+        follow.mark(positions)
+        return positions
+
+    async def _fetch(self, follow: _Follow, positions: np.ndarray) -> None:
         try:
-            rows = follow.reading.rows[start:stop]
-            sentinel = [self.push is None or p % self.sentinel_every == 0 for p in range(start, stop)]
-            todo, loaded = await trio.to_thread.run_sync(self._prepare, rows, sentinel)
-            held, to_push = [], []
-            for k, data in zip(todo, loaded, strict=True):
-                if data is not None:
-                    (held if sentinel[k] else to_push).append((int(rows[k]), data))
-            if to_push:
-                held += await trio.to_thread.run_sync(self._push_all, to_push)
+            rows = follow.reading.rows[positions]
+            sentinel = (positions % self.sentinel_every == 0) | (self.push is None)
+            held = await trio.to_thread.run_sync(self._fetch_blocking, positions, rows, sentinel)
             for row, data in held:
                 # A copy: a view would keep its whole storage read (megabytes) alive in the cache.
                 self.reader.cache.put(row, bytes(data))
@@ -230,10 +304,10 @@ class Prefetcher:
             self._inflight -= 1
             self._wake.set()
 
-    def _prepare(
-        self, rows: np.ndarray, sentinel: list[bool]
-    ) -> tuple[list[int], list[bytes | memoryview | None]]:
-        """Which files of a batch to fetch (positions in it), and their payloads.
+    def _fetch_blocking(
+        self, positions: np.ndarray, rows: np.ndarray, sentinel: np.ndarray
+    ) -> list[tuple[int, bytes | memoryview]]:
+        """Fetch a batch and push it, one storage read at a time; returns what the cache must hold.
 
         When the kernel already caches the batch's first pushable file, the batch was read before
         (an earlier epoch, an earlier job): only its sentinels are fetched. One question per batch
@@ -241,12 +315,19 @@ class Prefetcher:
         through the daemon, which moves the cursor on, as any file the read-ahead missed.
         """
         self._reveal_dirs(rows)
-        todo = list(range(rows.size))
-        first = next((k for k in todo if not sentinel[k]), None)
-        if self.in_kernel is not None and first is not None and self.in_kernel(int(rows[first])):
-            todo = [k for k in todo if sentinel[k]]
-            self.stats.already_cached += rows.size - len(todo)
-        return todo, self._load(rows[todo])
+        pushable = np.flatnonzero(~sentinel)
+        if self.in_kernel is not None and pushable.size and self.in_kernel(int(rows[pushable[0]])):
+            self.stats.already_cached += int(pushable.size)
+            positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
+        held: list[tuple[int, bytes | memoryview]] = []
+        for group, payloads in self._load(rows, positions):
+            to_push = []
+            for k, data in zip(group, payloads, strict=True):
+                if data is not None:
+                    (held if sentinel[k] else to_push).append((int(rows[k]), data))
+            if to_push:
+                held += self._push_all(to_push)
+        return held
 
     def _reveal_dirs(self, rows: np.ndarray) -> None:
         """List the directories of ``rows`` not listed since the kernel last forgot an entry of them.
@@ -263,50 +344,62 @@ class Prefetcher:
         self._listed[dirs] = True
         self.stats.revealed_dirs += int(dirs.size)
 
-    def _load(self, rows: np.ndarray) -> list[bytes | memoryview | None]:
-        """Fetch, verify and decode a run of files; neighbours in one shard share a storage read.
+    def _groups(
+        self, offsets: np.ndarray, ends: np.ndarray, shards: np.ndarray, need: np.ndarray
+    ) -> list[list[int]]:
+        """Files by storage read: neighbours in one shard share one, and the read holding the
+        earliest-needed file comes first."""
+        groups: list[list[int]] = []
+        for i in np.lexsort((offsets, shards)).tolist():
+            group = groups[-1] if groups else None
+            if (
+                group is not None
+                and shards[i] == shards[group[0]]
+                and offsets[i] - ends[group[-1]] <= COALESCE_GAP
+                and ends[i] - offsets[group[0]] <= 2 * BATCH_BYTES
+            ):
+                group.append(i)
+            else:
+                groups.append([i])
+        groups.sort(key=lambda group: int(need[group].min()))
+        return groups
+
+    def _load(
+        self, rows: np.ndarray, need: np.ndarray
+    ) -> Iterator[tuple[list[int], list[bytes | memoryview | None]]]:
+        """Fetch, verify and decode files, one storage read at a time: (indices, payloads) per read.
 
         Files come back as views into the storage read where they are stored plain: a push copies
         them into the page cache anyway, so slicing them out first would be one copy too many.
         """
-        started = time.thread_time()
-        out: list[bytes | memoryview | None] = [None] * rows.size
         shards = self.index.shard[rows]
         offsets = self.index.offset[rows].astype(np.int64)
         ends = offsets + self.index.stored[rows].astype(np.int64)
-        order = np.lexsort((offsets, shards))
-        k = 0
-        while k < order.size:
-            group = [int(order[k])]
-            while (
-                k + 1 < order.size
-                and shards[order[k + 1]] == shards[group[0]]
-                and offsets[order[k + 1]] - ends[group[-1]] <= COALESCE_GAP
-                and ends[order[k + 1]] - offsets[group[0]] <= 2 * BATCH_BYTES
-            ):
-                k += 1
-                group.append(int(order[k]))
-            k += 1
+        for group in self._groups(offsets, ends, shards, need):
+            started = time.thread_time()
             begin = int(offsets[group[0]])
-            span = int(max(ends[i] for i in group)) - begin
             self.stats.storage_reads += 1
             try:
-                blob = memoryview(self.reader.fetch_range(int(rows[group[0]]), begin, span))
+                blob = memoryview(
+                    self.reader.fetch_range(int(rows[group[0]]), begin, int(ends[group].max()) - begin)
+                )
             except DlfsError as exc:
                 log.warning("read-ahead of shard %d failed: %s", int(shards[group[0]]), exc)
                 continue
-            for i in group:
-                row = int(rows[i])
-                if not self.reader.is_whole(row):
-                    continue
-                try:
-                    out[i] = self.reader.decode(row, blob[int(offsets[i]) - begin : int(ends[i]) - begin])
-                except DlfsError:
-                    continue  # the reader's own read will fail with EIO and log it
-        self.stats.issued_files += sum(data is not None for data in out)
-        self.stats.issued_bytes += sum(len(data) for data in out if data is not None)
-        self.stats.load_cpu_seconds += time.thread_time() - started
-        return out
+            payloads = [self._decode(int(rows[i]), blob[offsets[i] - begin : ends[i] - begin]) for i in group]
+            self.stats.issued_files += sum(data is not None for data in payloads)
+            self.stats.issued_bytes += sum(len(data) for data in payloads if data is not None)
+            self.stats.load_cpu_seconds += time.thread_time() - started
+            yield group, payloads
+
+    def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:
+        """A verified file, or None: too big to hold whole, or damaged (its own read fails with EIO)."""
+        if not self.reader.is_whole(row):
+            return None
+        try:
+            return self.reader.decode(row, stored)
+        except DlfsError:
+            return None
 
     def _push_all(self, items: list[tuple[int, bytes | memoryview]]) -> list[tuple[int, bytes | memoryview]]:
         """Push into the kernel page cache (worker thread: never on the loop that answers reads)."""
@@ -331,8 +424,8 @@ class Prefetcher:
                 "files": int(f.reading.rows.size),
                 "cursor": f.cursor,
                 "fetched": f.fetched,
-                "lead_files": f.fetched - f.cursor,
-                "lead_bytes": f.ahead_bytes(),
+                "lead_files": int(f.done[f.cursor :].sum()),
+                "lead_bytes": f.ahead,
             }
             for key, f in self._follows.items()
         }

@@ -189,3 +189,19 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     reads = after["requests"]["read"] - before["requests"].get("read", 0)
     assert reads <= len(paths) // 64 + 2, f"{reads} reads reached the daemon (sentinels only)"
+
+
+def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
+    """A window of many runs spreads each run's files over the window; the read-ahead still reads a
+    run with one storage request instead of one per file."""
+    src = _make_classes(tmp_path / "src", classes=6, per_class=100, size=150_000)
+    dlfs("pack", src, tmp_path / "ds")
+    flags = ("--order", "block", "--block", "20", "--window", "300", "--prefetch-budget", "64M")
+    with mount(tmp_path / "ds", *flags) as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        data = _read_all(paths)
+        prefetch = _stats(mnt)["prefetch"]
+    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+    assert prefetch["issued_files"] >= 0.9 * len(paths), prefetch
+    assert prefetch["storage_reads"] <= len(paths) // 5, f"{prefetch['storage_reads']} reads for 30 runs"
