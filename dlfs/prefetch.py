@@ -14,12 +14,11 @@ invisible, every ``sentinel_every``-th file of a window is deliberately *not* pu
 daemon's cache: reaching it costs the reader one quick round trip and tells the engine how far the
 reader got, so the window moves on. Positions far behind the cursor mean the epoch restarted.
 
-Storage is read in runs: a batch starts from the next files the reader needs and adds each one's
-storage neighbours that the reader will need within the budget, so a run of neighbours (a block of
-``--order block``, or any files a small dataset's shuffle brings close) is read once, whichever
-order the reader wants them in. Files of one shard at most ``COALESCE_GAP`` apart share a storage
-read; at most ``max_inflight`` batches run at once; bytes ahead of the reader never exceed the
-budget.
+Storage is read in runs: a batch starts from the next files the reader needs and, where the order
+keeps runs of neighbours together (``--order block``), adds each one's storage neighbours that the
+reader will need soon, so a run is read once, whichever order the reader wants its files in.
+Files of one shard at most ``COALESCE_GAP`` apart share a storage read; at most ``max_inflight``
+batches run at once; bytes ahead of the reader never exceed the budget.
 """
 
 from __future__ import annotations
@@ -270,11 +269,15 @@ class Prefetcher:
         horizon = min(max(horizon, start + 1), total)  # at least one file, even one over the budget
         span = np.arange(start, min(start + BATCH_FILES, horizon))
         seeds = span[~follow.done[span]]
-        near = self._storage_rank[follow.reading.rows[seeds]][:, None] + self._near
+        # Neighbours only where the order keeps runs together: elsewhere they are scattered over
+        # the horizon, and reading the gaps between them costs more than the IOs it saves.
+        near = self._storage_rank[follow.reading.rows[seeds]][:, None] + (
+            self._near if follow.reading.window else self._near[:0]
+        )
         np.clip(near, 0, self._by_storage.size - 1, out=near)
         mates = follow.position[self._by_storage[near]]
-        # Within the budget's horizon, or within the order's window: a block's files are spread
-        # over a whole window, and a horizon sliding into the next window holds only a few of each.
+        # Within the budget's horizon or the order's window: a block's files are spread over a
+        # whole window, and a horizon sliding into the next window holds only a few of each.
         wanted = (mates >= start) & (mates < max(horizon, start + follow.reading.window))
         mates[~wanted] = start
         wanted &= ~follow.done[mates]
