@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -147,6 +148,7 @@ class Prefetcher:
         self.in_kernel = in_kernel
         self.reveal = reveal
         self._listed = np.zeros(index.count, dtype=bool)
+        self._listing = threading.Lock()
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -189,11 +191,14 @@ class Prefetcher:
         """A read of ``row`` reached the daemon: move the cursor of every sequence holding it.
 
         Several readers (DataLoader workers) share one sequence and never quite keep step, so the
-        cursor is the furthest position seen. A read behind it is a slower worker, unless it lies
-        near the start of the sequence while the cursor is a window past that: then the epoch
-        restarted. A read beyond what was fetched moves the fetching there only when it is more than
-        a window ahead (a reader skipped); a nearer one is a fast worker, and the files behind it are
-        exactly what the others need next, so they are still fetched.
+        cursor is the furthest position seen. A read behind it is a slower worker, unless it is one
+        of the sequence's first two sentinels while the cursor is a window past it: then the epoch
+        restarted. Sentinels are never pushed, so a reader starting over always reaches them; a
+        slow worker a window behind is common, one still at the very start is not.
+
+        A read beyond what was fetched moves the fetching there only when it is more than a window
+        ahead (a reader skipped); a nearer one is a fast worker, and the files behind it are exactly
+        what the others need next, so they are still fetched.
         """
         for follow in self._follows.values():
             pos = int(follow.position[row])
@@ -208,7 +213,7 @@ class Prefetcher:
                     follow.skip_to(pos)
                 self.stats.used_files += pos - follow.cursor
                 follow.advance(pos)
-            elif pos < self._window_files(follow) <= follow.cursor - pos:
+            elif pos < 2 * self.sentinel_every and self._window_files(follow) <= follow.cursor - pos:
                 log.debug("read of position %d, cursor at %d: the epoch restarted", pos, follow.cursor)
                 self.stats.restarts += 1
                 follow.restart(pos)
@@ -217,13 +222,15 @@ class Prefetcher:
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries, and with them any pages pushed for them.
 
-        Their directories must be listed again before a push, and pushed files still ahead of a
-        reader are fetched again (the batches the kernel does keep are skipped cheaply then).
+        For files still ahead of a reader, the directory must be listed again before a push, and
+        those already pushed are fetched again (the batches the kernel does keep are skipped
+        cheaply then).
         """
-        self._listed[self.index.parent[rows]] = False
         for follow in self._follows.values():
             positions = follow.position[rows]
-            positions = positions[positions >= follow.cursor]
+            ahead = positions >= follow.cursor  # files already read may go: nothing to do for them
+            self._listed[self.index.parent[rows[ahead]]] = False
+            positions = positions[ahead]
             lost = positions[follow.done[positions] | (positions < follow.fetched)]
             if lost.size:
                 self.stats.forgotten_ahead += int(lost.size)
@@ -312,14 +319,15 @@ class Prefetcher:
     ) -> list[tuple[int, bytes | memoryview]]:
         """Fetch a batch and push it, one storage read at a time; returns what the cache must hold.
 
-        When the kernel already caches the batch's first pushable file, the batch was read before
-        (an earlier epoch, an earlier job): only its sentinels are fetched. One question per batch
-        keeps the check cheap; a file of the batch the kernel does not hold after all is read
+        When the kernel already caches the batch's last-needed pushable file, the batch was read
+        before (an earlier epoch, an earlier job): only its sentinels are fetched. The last, because
+        a reader that outran the read-ahead may have read the first ones itself. One question per
+        batch keeps the check cheap; a file of the batch the kernel does not hold after all is read
         through the daemon, which moves the cursor on, as any file the read-ahead missed.
         """
         self._reveal_dirs(rows)
-        pushable = np.flatnonzero(~sentinel)
-        if self.in_kernel is not None and pushable.size and self.in_kernel(int(rows[pushable[0]])):
+        pushable = np.flatnonzero(~sentinel)  # positions come sorted: the last is needed last
+        if self.in_kernel is not None and pushable.size and self.in_kernel(int(rows[pushable[-1]])):
             self.stats.already_cached += int(pushable.size)
             positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
         held: list[tuple[int, bytes | memoryview]] = []
@@ -340,12 +348,13 @@ class Prefetcher:
         """
         if self.reveal is None:
             return
-        dirs = np.unique(self.index.parent[rows])
-        dirs = dirs[~self._listed[dirs]]
-        for row in dirs.tolist():
-            self.reveal(row)
-        self._listed[dirs] = True
-        self.stats.revealed_dirs += int(dirs.size)
+        with self._listing:  # batches fetched side by side share directories: list each once
+            dirs = np.unique(self.index.parent[rows])
+            dirs = dirs[~self._listed[dirs]]
+            for row in dirs.tolist():
+                self.reveal(row)
+            self._listed[dirs] = True
+            self.stats.revealed_dirs += int(dirs.size)
 
     def _groups(
         self, offsets: np.ndarray, ends: np.ndarray, shards: np.ndarray, need: np.ndarray
