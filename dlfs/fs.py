@@ -32,6 +32,7 @@ from pyfuse3 import (
     StatvfsData,
 )
 
+from dlfs import dirents
 from dlfs import format as fmt
 from dlfs.control import CONTROL_NAME, ControlTree
 from dlfs.errors import DlfsError
@@ -48,6 +49,8 @@ DOTS = (b".", b"..")
 READDIR_BATCH = 64
 #: True with the pyfuse3 build that passes the inode when the kernel skipped open.
 SKIP_OPEN = "inode_as_fh_without_open" in getattr(pyfuse3, "dlfs_features", ())
+#: True with the pyfuse3 build that takes directory records encoded by ``dlfs.dirents``.
+RAW_READDIR = "readdir_reply_raw" in getattr(pyfuse3, "dlfs_features", ())
 
 
 def _row(inode: int) -> int:
@@ -185,6 +188,9 @@ class DlfsOperations(pyfuse3.Operations):
                 return
         first = max(start_id - len(DOTS), 0)
         plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS
+        if RAW_READDIR:
+            self._readdir_encoded(rows, rows.start + first, plus, token)
+            return
         for start in range(rows.start + first, rows.stop, READDIR_BATCH):
             batch = range(start, min(start + READDIR_BATCH, rows.stop))
             if plus:
@@ -195,6 +201,23 @@ class DlfsOperations(pyfuse3.Operations):
                 next_id = child - rows.start + len(DOTS) + 1
                 if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
                     return
+
+    def _readdir_encoded(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> None:
+        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
+        while start < rows.stop:
+            records, count = dirents.encode(
+                self.index,
+                range(start, rows.stop),
+                start - rows.start + len(DOTS) + 1,
+                token.size,
+                plus,
+                pyfuse3.ROOT_INODE,
+                CACHE_TIMEOUT,
+                STATFS_BLOCK,
+            )
+            if count == 0 or not pyfuse3.readdir_reply_raw(token, records):
+                return
+            start += count
 
     async def _control_readdir(self, inode: int, start_id: int, token: ReaddirToken) -> None:
         listing = [(b".", inode), (b"..", self.control.lookup(inode, b"..")), *self.control.entries(inode)]

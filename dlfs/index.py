@@ -178,8 +178,9 @@ class Index:
             self.mtime.item(row),
         )
 
-    def attrs_run(self, rows: range) -> list[Attrs]:
-        """Attributes of consecutive rows, vectorised: one numpy slice per column, not per entry.
+    def attrs_columns(self, rows: range) -> tuple[np.ndarray, ...]:
+        """Attributes of consecutive rows as arrays, in ``Attrs`` field order: one numpy slice per
+        column, not per entry.
 
         Blocks count the bytes actually stored (compressed, if lz4 was kept), like a compressing
         filesystem reports them; a directory's link count is 2 + its subdirectories.
@@ -193,19 +194,21 @@ class Index:
             children = self.children(rows.start + offset)
             subdirs = self._kind[children.start : children.stop] == stat.S_IFDIR
             nlink[offset] = 2 + int(np.count_nonzero(subdirs))
-        return [
-            Attrs(*values)
-            for values in zip(
-                self.mode[window].tolist(),
-                nlink.tolist(),
-                self.uid[window].tolist(),
-                self.gid[window].tolist(),
-                self.size[window].tolist(),
-                ((used + (BLOCK - 1)) // BLOCK).tolist(),
-                self.mtime[window].tolist(),
-                strict=True,
-            )
-        ]
+        blocks = (used + (BLOCK - 1)) // BLOCK
+        return (
+            self.mode[window],
+            nlink,
+            self.uid[window],
+            self.gid[window],
+            self.size[window],
+            blocks,
+            self.mtime[window],
+        )
+
+    def attrs_run(self, rows: range) -> list[Attrs]:
+        """Attributes of consecutive rows (``attrs_columns``) as one ``Attrs`` per row."""
+        columns = (column.tolist() for column in self.attrs_columns(rows))
+        return [Attrs(*values) for values in zip(*columns, strict=True)]
 
     def names_run(self, rows: range) -> list[bytes]:
         """Names of consecutive rows from one slice of the names blob."""

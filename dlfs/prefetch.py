@@ -147,7 +147,7 @@ class Prefetcher:
         self.push = push
         self.in_kernel = in_kernel
         self.reveal = reveal
-        self._listed = np.zeros(index.count, dtype=bool)
+        self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from our listing
         self._listing = threading.Lock()
         self.budget = budget
         self.max_inflight = max_inflight
@@ -222,15 +222,14 @@ class Prefetcher:
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries, and with them any pages pushed for them.
 
-        For files still ahead of a reader, the directory must be listed again before a push, and
-        those already pushed are fetched again (the batches the kernel does keep are skipped
-        cheaply then).
+        Their directories must be listed again before one of them is pushed, and pushed files still
+        ahead of a reader are fetched again (the batches the kernel does keep are skipped cheaply
+        then).
         """
+        self._known[rows] = False
         for follow in self._follows.values():
             positions = follow.position[rows]
-            ahead = positions >= follow.cursor  # files already read may go: nothing to do for them
-            self._listed[self.index.parent[rows[ahead]]] = False
-            positions = positions[ahead]
+            positions = positions[positions >= follow.cursor]
             lost = positions[follow.done[positions] | (positions < follow.fetched)]
             if lost.size:
                 self.stats.forgotten_ahead += int(lost.size)
@@ -319,15 +318,17 @@ class Prefetcher:
     ) -> list[tuple[int, bytes | memoryview]]:
         """Fetch a batch and push it, one storage read at a time; returns what the cache must hold.
 
-        When the kernel already caches the batch's last-needed pushable file, the batch was read
-        before (an earlier epoch, an earlier job): only its sentinels are fetched. The last, because
-        a reader that outran the read-ahead may have read the first ones itself. One question per
-        batch keeps the check cheap; a file of the batch the kernel does not hold after all is read
-        through the daemon, which moves the cursor on, as any file the read-ahead missed.
+        When the kernel already caches the batch's first- and last-needed pushable files, the batch
+        was read before (an earlier epoch, an earlier job): only its sentinels are fetched. Both,
+        because either alone misleads: a reader that outran the read-ahead may have read the first
+        ones itself, and the last may be one pushed again after the kernel forgot it. Two questions
+        per batch keep the check cheap; a file of the batch the kernel does not hold after all is
+        read through the daemon, which moves the cursor on, as any file the read-ahead missed.
         """
         self._reveal_dirs(rows)
-        pushable = np.flatnonzero(~sentinel)  # positions come sorted: the last is needed last
-        if self.in_kernel is not None and pushable.size and self.in_kernel(int(rows[pushable[-1]])):
+        pushable = np.flatnonzero(~sentinel)  # positions come sorted
+        if self._in_kernel(rows[pushable[[0, -1]]] if pushable.size else pushable):
+            log.debug("positions %d-%d: the kernel holds them already", positions[0], positions[-1])
             self.stats.already_cached += int(pushable.size)
             positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
         held: list[tuple[int, bytes | memoryview]] = []
@@ -340,20 +341,23 @@ class Prefetcher:
                 held += self._push_all(to_push)
         return held
 
-    def _reveal_dirs(self, rows: np.ndarray) -> None:
-        """List the directories of ``rows`` not listed since the kernel last forgot an entry of them.
+    def _in_kernel(self, rows: np.ndarray) -> bool:
+        return self.in_kernel is not None and rows.size > 0 and all(map(self.in_kernel, rows.tolist()))
 
-        Once per directory: a listing the kernel still caches is answered without the daemon, and
-        one it does not teaches it every entry in a few requests instead of a LOOKUP per file.
+    def _reveal_dirs(self, rows: np.ndarray) -> None:
+        """List the directories of those ``rows`` the kernel may not know: never listed, or
+        forgotten since.
+
+        A listing teaches the kernel every entry in a few requests instead of a LOOKUP per file.
         """
         if self.reveal is None:
             return
         with self._listing:  # batches fetched side by side share directories: list each once
-            dirs = np.unique(self.index.parent[rows])
-            dirs = dirs[~self._listed[dirs]]
+            dirs = np.unique(self.index.parent[rows[~self._known[rows]]])
             for row in dirs.tolist():
                 self.reveal(row)
-            self._listed[dirs] = True
+                children = self.index.children(row)
+                self._known[children.start : children.stop] = True
             self.stats.revealed_dirs += int(dirs.size)
 
     def _groups(

@@ -205,3 +205,26 @@ def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, moun
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert prefetch["issued_files"] >= 0.9 * len(paths), prefetch
     assert prefetch["storage_reads"] <= len(paths) // 5, f"{prefetch['storage_reads']} reads for 30 runs"
+
+
+def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Path, mount) -> None:
+    """``drop_caches`` between two passes over one epoch: the second restarts the read-ahead, which
+    must list the directories again (the kernel forgot every entry) to push anything."""
+    src = _make_classes(tmp_path / "src", classes=4, per_class=100, size=20_000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        _read_all(paths)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        restarts = _stats(mnt)["prefetch"]["restarts"]
+        data = _read_all(paths[:1])  # the first file is a sentinel: reading it restarts the epoch
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        before = _stats(mnt)
+        data += _read_all(paths[1:])
+        after = _stats(mnt)
+    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+    assert before["prefetch"]["restarts"] == restarts + 1
+    reads = after["requests"]["read"] - before["requests"]["read"]
+    assert reads <= len(paths) // 64 + 2, (f"{reads} of {len(paths)} read by the daemon", after["prefetch"])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build and install pyfuse3 3.5.0 with two small additions for a read-only dataset.
+"""Build and install pyfuse3 3.5.0 with three small additions for a read-only dataset.
 
 1. Requests without an open. When ``open``/``opendir``/``flush`` answer ENOSYS, the kernel stops
    sending them (``no_open``, ``no_opendir``, ``no_flush``) and by default keeps file pages
@@ -13,6 +13,10 @@
    only for the first chunk of a listing and when a program also stats the entries (``ls -l``),
    so ``find`` over 1.28 M names costs far less. ``ReaddirToken.plus`` tells the handler which of
    the two it answers.
+3. ``readdir_reply_raw(token, records)``: append directory records the caller encoded itself
+   (``dlfs/dirents.py`` builds a whole run of entries with numpy) instead of one
+   ``readdir_reply`` call and one ``EntryAttributes`` per entry; ``ReaddirToken.size`` (the room
+   left in the reply) becomes readable so the caller knows how many fit.
 
 The module gets ``pyfuse3.dlfs_features`` so dlfs can tell this build from a stock one and fall back
 when it runs on stock pyfuse3. Each edit asserts its anchor, so a changed upstream source fails
@@ -28,8 +32,8 @@ import tarfile
 from pathlib import Path
 
 VERSION = "3.5.0"
-LOCAL = "dlfs.4"
-FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto")
+LOCAL = "dlfs.5"
+FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto", "readdir_reply_raw")
 
 EDITS: list[tuple[str, str, str]] = [
     (
@@ -70,6 +74,30 @@ EDITS: list[tuple[str, str, str]] = [
         "src/pyfuse3/handlers.pxi",
         "    token.req = c.req\n\n    try:\n        await operations.readdir(",
         "    token.req = c.req\n    token.plus = c.flags\n\n    try:\n        await operations.readdir(",
+    ),
+    (
+        "src/pyfuse3/handlers.pxi",
+        "    cdef char *buf\n    cdef size_t size\n",
+        "    cdef char *buf\n    cdef readonly size_t size\n",
+    ),
+    (
+        "src/pyfuse3/__init__.pyx",
+        "def readdir_reply(ReaddirToken token, name, EntryAttributes attr, off_t next_id):\n",
+        "def readdir_reply_raw(ReaddirToken token, records):\n"
+        "    # Append encoded fuse_dirent/fuse_direntplus records (any contiguous buffer); False\n"
+        "    # (nothing added) if they do not fit in the room left, token.size.\n"
+        "    cdef Py_buffer pybuf\n"
+        "    PyObject_GetBuffer(records, &pybuf, PyBUF_CONTIG_RO)\n"
+        "    cdef size_t n = <size_t> pybuf.len\n"
+        "    try:\n"
+        "        if n > token.size:\n            return False\n"
+        "        if token.buf_start == NULL:\n"
+        "            token.buf_start = <char*> calloc_or_raise(token.size, sizeof(char))\n"
+        "            token.buf = token.buf_start\n"
+        "        string.memcpy(token.buf, pybuf.buf, n)\n"
+        "        token.size -= n\n        token.buf = &token.buf[n]\n        return True\n"
+        "    finally:\n        PyBuffer_Release(&pybuf)\n\n"
+        "def readdir_reply(ReaddirToken token, name, EntryAttributes attr, off_t next_id):\n",
     ),
     (
         "src/pyfuse3/internal.pxi",
@@ -121,7 +149,7 @@ def main() -> None:
         archive.extractall(work, filter="data")
     _patch(source)
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": f"{VERSION}+{LOCAL}"}
-    print(f"building pyfuse3 {VERSION}+{LOCAL} (requests without an open, plain READDIR)", flush=True)
+    print(f"building pyfuse3 {VERSION}+{LOCAL} (no opens, plain READDIR, encoded records)", flush=True)
     subprocess.run([*pip, "install", "--force-reinstall", str(source)], check=True, env=env)
     if installed_version() != f"{VERSION}+{LOCAL}":
         raise SystemExit("the patched pyfuse3 did not install; see the pip output above")

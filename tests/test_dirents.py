@@ -1,0 +1,82 @@
+"""Directory records encoded with numpy, decoded field by field against the index."""
+
+from __future__ import annotations
+
+import stat
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from dlfs import dirents
+from dlfs.index import Index
+from dlfs.store import open_store
+
+DIRENT = struct.Struct("=QQII")
+ENTRY_OUT = struct.Struct("=QQQQII" + "QQQQQQ" + "IIIIIIIIII")
+
+
+def _decode(records: bytes, plus: bool) -> list[dict[str, object]]:
+    out, at = [], 0
+    while at < len(records):
+        entry: dict[str, object] = {}
+        if plus:
+            fields = ENTRY_OUT.unpack_from(records, at)
+            entry["nodeid"], _, entry["entry_valid"], entry["attr_valid"] = fields[:4]
+            ino, size, blocks, _, mtime, _, _, mtimensec, _, mode, nlink, uid, gid, _, blksize, _ = fields[6:]
+            entry["attrs"] = (
+                ino,
+                size,
+                blocks,
+                mtime * 1_000_000_000 + mtimensec,
+                mode,
+                nlink,
+                uid,
+                gid,
+                blksize,
+            )
+            at += ENTRY_OUT.size
+        ino, off, namelen, kind = DIRENT.unpack_from(records, at)
+        name = records[at + DIRENT.size : at + DIRENT.size + namelen]
+        entry |= {"ino": ino, "off": off, "name": name, "type": kind}
+        at += (DIRENT.size + namelen + 7) & ~7
+        out.append(entry)
+    return out
+
+
+def test_records_carry_what_the_index_says(packed: Path) -> None:
+    index = Index.load(open_store(packed))
+    for plus in (False, True):
+        for directory in range(index.count):
+            rows = index.children(directory)
+            if not rows:
+                continue
+            records, count = dirents.encode(index, rows, 10, 1 << 20, plus, 1, 3600.0, 4096)
+            assert count == len(rows)
+            decoded = _decode(records.tobytes(), plus)
+            attrs = index.attrs_run(rows)
+            for k, (row, entry) in enumerate(zip(rows, decoded, strict=True)):
+                assert entry["name"] == index.name(row)
+                assert entry["ino"] == row + 1 and entry["off"] == 10 + k
+                assert entry["type"] == stat.S_IFMT(attrs[k].mode) >> 12
+                if plus:
+                    a = attrs[k]
+                    assert entry["nodeid"] == row + 1 and entry["entry_valid"] == entry["attr_valid"] == 3600
+                    expected = (row + 1, a.size, a.blocks, a.mtime_ns, a.mode, a.nlink, a.uid, a.gid, 4096)
+                    assert entry["attrs"] == expected
+
+
+def test_only_whole_records_that_fit_are_encoded(packed: Path) -> None:
+    index = Index.load(open_store(packed))
+    many = index.resolve(b"many")
+    assert many is not None
+    rows = index.children(many)
+    whole, count = dirents.encode(index, rows, 0, 1 << 20, True, 1, 1.0, 4096)
+    assert count == len(rows) > 100
+    ends = np.cumsum(
+        [(dirents.ENTRY_OUT.itemsize + dirents.DIRENT.itemsize + len(index.name(r)) + 7) & ~7 for r in rows]
+    )
+    space = int(ends[40]) + 5  # room for 41 records and a few bytes
+    part, count = dirents.encode(index, rows, 0, space, True, 1, 1.0, 4096)
+    assert count == 41 and part.tobytes() == whole.tobytes()[: int(ends[40])]
+    assert dirents.encode(index, rows, 0, int(ends[0]) - 1, True, 1, 1.0, 4096)[1] == 0
