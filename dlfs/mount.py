@@ -21,6 +21,8 @@ from pathlib import Path
 from dlfs.errors import MountError
 
 READY_TIMEOUT = 60.0
+#: How long ``unmount`` keeps asking while the mount is busy.
+BUSY_RETRY_SECONDS = 3.0
 FSTYPE = "fuse.dlfs"
 
 
@@ -135,7 +137,13 @@ def unmount(mnt: str, lazy: bool = False) -> None:
     command = (
         [tool, "-u", *(["-z"] if lazy else []), mnt] if tool else ["umount", *(["-l"] if lazy else []), mnt]
     )
+    # The read-ahead lists directories and opens files through the mount for a few milliseconds
+    # at a time, and an unmount in that moment is refused as busy: ask again for a while.
+    deadline = time.monotonic() + BUSY_RETRY_SECONDS
     result = subprocess.run(command, capture_output=True, text=True, check=False)
+    while result.returncode != 0 and "busy" in result.stderr.lower() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         detail = (
             result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,25 @@ def test_umount_command_unmounts_and_the_daemon_exits(packed: Path, tmp_path: Pa
     with mount(packed) as mnt:
         dlfs("umount", mnt)
         assert os.listdir(mnt) == []
+
+
+def test_umount_waits_out_a_moment_of_busy(packed: Path, tmp_path: Path, mount) -> None:
+    """The read-ahead lists directories through the mount for milliseconds at a time; an unmount
+    that lands then must not fail. Held for a quarter second here, then released."""
+    with mount(packed) as mnt:
+        fd = os.open(mnt / "many", os.O_RDONLY | os.O_DIRECTORY)
+        threading.Timer(0.25, os.close, (fd,)).start()
+        dlfs("umount", mnt)
+        assert os.listdir(mnt) == []
+
+
+def test_umount_of_a_mount_kept_busy_says_what_to_do(packed: Path, tmp_path: Path, mount) -> None:
+    with mount(packed) as mnt:
+        fd = os.open(mnt / "many", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert_one_line_error(dlfs("umount", mnt, check=False), "busy", "--lazy")
+        finally:
+            os.close(fd)
 
 
 def test_unicode_and_non_utf8_names_survive(tmp_path: Path, mount) -> None:

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlfs import bench
+from dlfs.errors import MountError
+from dlfs.mount import unmount
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 
@@ -86,7 +88,10 @@ def dlfs_mount(dataset: Path, mnt: Path, *extra: str) -> Iterator[tuple[int, flo
     try:
         yield pid, took
     finally:
-        subprocess.run(["fusermount3", "-u", str(mnt)], check=False)
+        try:
+            unmount(str(mnt))
+        except MountError:  # something still uses it: never leave a mount behind
+            unmount(str(mnt), lazy=True)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
             time.sleep(0.05)
