@@ -24,6 +24,7 @@ batches run at once; bytes ahead of the reader never exceed the budget.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import threading
 import time
@@ -153,13 +154,22 @@ class Prefetcher:
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
         self.stats = PrefetchStats()
-        self._by_storage = index.file_rows()
-        self._storage_rank = np.full(index.count, -1, dtype=np.int64)
-        self._storage_rank[self._by_storage] = np.arange(self._by_storage.size)
         self._near = np.concatenate([np.arange(-NEIGHBOURS, 0), np.arange(1, NEIGHBOURS + 1)])
         self._follows: dict[tuple[int, int, int], _Follow] = {}
         self._inflight = 0
         self._wake = trio.Event()
+
+    @functools.cached_property
+    def _storage(self) -> tuple[np.ndarray, np.ndarray]:
+        """Regular files' rows in storage order, and each row's place in it (-1: not a file).
+
+        Built when the first order with runs of neighbours is followed: only neighbours need it,
+        and at 5 MB per million rows each, a uniform order should not pay for it.
+        """
+        by_storage = self.index.file_rows().astype(np.int32)
+        rank = np.full(self.index.count, -1, dtype=np.int32)
+        rank[by_storage] = np.arange(by_storage.size, dtype=np.int32)
+        return by_storage, rank
 
     def activate(self, reading: Reading) -> None:
         """A published sequence is being read here: follow it.
@@ -277,11 +287,13 @@ class Prefetcher:
         seeds = span[~follow.done[span]]
         # Neighbours only where the order keeps runs together: elsewhere they are scattered over
         # the horizon, and reading the gaps between them costs more than the IOs it saves.
-        near = self._storage_rank[follow.reading.rows[seeds]][:, None] + (
-            self._near if follow.reading.window else self._near[:0]
-        )
-        np.clip(near, 0, self._by_storage.size - 1, out=near)
-        mates = follow.position[self._by_storage[near]]
+        if follow.reading.window:
+            by_storage, rank = self._storage
+            near = rank[follow.reading.rows[seeds]][:, None] + self._near
+            np.clip(near, 0, by_storage.size - 1, out=near)
+            mates = follow.position[by_storage[near]]
+        else:
+            mates = np.empty((seeds.size, 0), dtype=follow.position.dtype)
         # Within the budget's horizon or the order's window: a block's files are spread over a
         # whole window, and a horizon sliding into the next window holds only a few of each.
         wanted = (mates >= start) & (mates < max(horizon, start + follow.reading.window))

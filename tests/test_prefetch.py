@@ -39,6 +39,15 @@ def _read_all(paths: list[Path]) -> list[bytes]:
     return out
 
 
+def _assert_sentinels_only(before: dict, after: dict, files: int) -> None:
+    """Between two stats snapshots, only the sentinels (one file in 64) reached the daemon."""
+    reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
+    assert reads <= files // 64 + 2, (
+        f"{reads} of {files} read by the daemon (sentinels only)",
+        after["prefetch"],
+    )
+
+
 def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int = 20_000) -> Path:
     for c in range(classes):
         for k in range(per_class):
@@ -63,10 +72,7 @@ def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path,
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
     assert prefetch["pushed_files"] > 0.95 * len(paths)
-    reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    assert reads <= len(paths) // 64 + 2, (
-        f"{reads} reads reached the daemon for {len(paths)} files (sentinels only)"
-    )
+    _assert_sentinels_only(before, after, len(paths))
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
 
@@ -167,8 +173,7 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
     assert prefetch["revealed_dirs"] >= 4 and prefetch["push_refused"] == 0, prefetch
-    reads = after["requests"]["read"] - before["requests"].get("read", 0)
-    assert reads <= len(paths) // 64 + 2, f"{reads} reads reached the daemon (sentinels only)"
+    _assert_sentinels_only(before, after, len(paths))
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
@@ -187,8 +192,7 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
         data = _read_all(paths)
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    reads = after["requests"]["read"] - before["requests"].get("read", 0)
-    assert reads <= len(paths) // 64 + 2, f"{reads} reads reached the daemon (sentinels only)"
+    _assert_sentinels_only(before, after, len(paths))
 
 
 def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
@@ -226,5 +230,4 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
-    reads = after["requests"]["read"] - before["requests"]["read"]
-    assert reads <= len(paths) // 64 + 2, (f"{reads} of {len(paths)} read by the daemon", after["prefetch"])
+    _assert_sentinels_only(before, after, len(paths))
