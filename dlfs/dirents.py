@@ -46,6 +46,8 @@ ENTRY_OUT = np.dtype(
     ]
 )
 assert DIRENT.itemsize == 24 and ENTRY_OUT.itemsize == 128
+#: Records start and end on 8-byte boundaries (FUSE_DIRENT_ALIGN).
+WORD = 8
 #: The smallest record (a one-byte name): bounds how many rows can fit in a reply.
 MIN_RECORD = DIRENT.itemsize + 8
 
@@ -89,10 +91,10 @@ def encode(
         _scatter(out, starts, _entries(index, rows, inodes, timeout, blksize))
     _scatter(out, starts + head - DIRENT.itemsize, dirent)
 
-    # Names: byte j of name k goes from the names blob at bounds[k] + j to starts[k] + head + j.
-    within = np.arange(int(name_len.sum())) - np.repeat(np.cumsum(name_len) - name_len, name_len)
-    source = np.repeat(bounds[:count], name_len) + within
-    out[np.repeat(starts + head, name_len) + within] = index.names[source]
+    # Consecutive rows' names are consecutive in the names blob: byte i of that run belongs to
+    # name k and goes to i + (starts[k] + head) - (bounds[k] - bounds[0]).
+    shift = np.repeat(starts + head - (bounds[:count] - bounds[0]), name_len)
+    out[np.arange(shift.size) + shift] = index.names[bounds[0] : bounds[count]]
     return out, count
 
 
@@ -112,6 +114,11 @@ def _entries(index: Index, rows: range, inodes: np.ndarray, timeout: float, blks
 
 
 def _scatter(out: np.ndarray, starts: np.ndarray, records: np.ndarray) -> None:
-    """Write fixed-size ``records`` into ``out`` at byte offsets ``starts``."""
-    width = records.dtype.itemsize
-    out[starts[:, None] + np.arange(width)] = records.view(np.uint8).reshape(-1, width)
+    """Write fixed-size ``records`` into ``out`` at byte offsets ``starts``.
+
+    Records and offsets are multiples of 8 bytes, so the copy moves 8-byte words: 8 times fewer
+    elements to index than bytes.
+    """
+    width = records.dtype.itemsize // WORD
+    words = out.view(np.uint64)
+    words[(starts // WORD)[:, None] + np.arange(width)] = records.view(np.uint64).reshape(-1, width)
