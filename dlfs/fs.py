@@ -251,6 +251,7 @@ class DlfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
         if self.prefetcher is not None:
             self.prefetcher.observe(row)
+            await self.prefetcher.arrival(row)
         try:
             data = await self.reader.read(row, off, size)
         except DlfsError as exc:

@@ -73,8 +73,11 @@ def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_
 def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed: Path) -> None:
     src = _big_tree(tmp_path / "bigger")
     before = sorted(p.name for p in packed.iterdir())
+    # As from a terminal: a shell that starts a job in the background (`make test &`) has it
+    # ignore SIGINT, and Python then never turns one into KeyboardInterrupt.
     proc = subprocess.Popen(
-        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--jobs", "1"]
+        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--jobs", "1"],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert wait_until(lambda: len(list(packed.glob("*.shard"))) > len(before), 60)

@@ -1,16 +1,24 @@
-"""The read-ahead engine over a real mount: it follows the published order, pushes into the page
-cache, stays inside its budget, and changes nothing about the bytes a reader gets."""
+"""The read-ahead engine, over a real mount (and once without one): it follows the published order,
+pushes into the page cache, stays inside its budget, and changes nothing about the bytes a reader
+gets."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import trio
 from conftest import dlfs, wait_until
 
-from dlfs.control import parse_order
+from dlfs.cache import PayloadCache
+from dlfs.control import Reading, parse_order
+from dlfs.index import Index
+from dlfs.prefetch import Prefetcher
+from dlfs.reader import Reader
+from dlfs.store import LocalStore
 
 
 def _stats(mnt: Path) -> dict:
@@ -135,7 +143,7 @@ def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, mount) 
     assert sorted(b for share in shares for b in share) == sorted(
         _read_all([src / p.relative_to(mnt) for p in paths])
     )
-    assert stats["prefetch"]["restarts"] == 0 and stats["prefetch"]["misses_ahead"] == 0, stats["prefetch"]
+    assert stats["prefetch"]["restarts"] == 0 and stats["prefetch"]["misses_ahead"] == 0, json.dumps(stats)
     prefetch = stats["prefetch"]
     # Each file is fetched ahead once, or skipped because a worker already read it into the kernel.
     assert prefetch["issued_files"] + prefetch["already_cached"] == len(paths), prefetch
@@ -231,3 +239,44 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
     _assert_sentinels_only(before, after, len(paths))
+
+
+def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
+    """A READ that catches up with the read-ahead gets the file from the batch loading it: not
+    loaded twice, and not pushed (the kernel locks a file's pages until its READ is answered, so a
+    READ waiting for a push of the same file would never be answered)."""
+    src = _make_classes(tmp_path / "src", classes=2, per_class=12, size=20_000)
+    dlfs("pack", src, tmp_path / "ds", "--shard-size", "64K")  # a few files per shard: many storage reads
+    store = LocalStore(tmp_path / "ds")
+    index = Index.load(store)
+    reader = Reader(index, store, PayloadCache(16 << 20))
+    gate, pushed = threading.Event(), []
+
+    def push(row: int, data: bytes | memoryview) -> None:
+        assert gate.wait(10), "the push was never let through"
+        pushed.append(row)
+
+    prefetcher = Prefetcher(index, reader, push, budget=64 << 20)
+    rows = index.file_rows()
+    target = int(rows[-1])  # needed last: its storage read comes after the blocked first push
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prefetcher.run)
+            prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
+            await trio.sleep(0.2)  # the batch is in flight, held at its first push
+            with trio.fail_after(10):
+                async with trio.open_nursery() as reads:
+                    reads.start_soon(prefetcher.arrival, target)
+                    await trio.sleep(0.2)
+                    gate.set()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        gate.set()
+    assert reader.cache.get(target) == (src / index.path(target).decode()).read_bytes()
+    assert prefetcher.stats.handed_over == 1
+    assert target not in pushed and len(pushed) > 0
+    assert reader.storage_reads == prefetcher.stats.storage_reads, "nothing was read twice"
