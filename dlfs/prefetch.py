@@ -154,7 +154,6 @@ class Prefetcher:
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
-        self._first_sentinels = (0, sentinel_every)
         self.stats = PrefetchStats()
         self._near = np.concatenate([np.arange(-NEIGHBOURS, 0), np.arange(1, NEIGHBOURS + 1)])
         self._follows: dict[tuple[int, int, int], _Follow] = {}
@@ -231,7 +230,7 @@ class Prefetcher:
                     follow.skip_to(pos)
                 self.stats.used_files += pos - follow.cursor
                 follow.advance(pos)
-            elif pos in self._first_sentinels and self._window_files(follow) <= follow.cursor - pos:
+            elif pos in (0, self.sentinel_every) and self._window_files(follow) <= follow.cursor - pos:
                 log.debug("read of position %d, cursor at %d: the epoch restarted", pos, follow.cursor)
                 self.stats.restarts += 1
                 follow.restart(pos)
