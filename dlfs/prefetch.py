@@ -391,6 +391,7 @@ class Prefetcher:
         per batch keep the check cheap; a file of the batch the kernel does not hold after all is
         read through the daemon, which moves the cursor on, as any file the read-ahead missed.
         """
+        started, pushing = time.thread_time(), 0.0
         self._reveal_dirs(rows)
         pushable = np.flatnonzero(~sentinel)  # positions come sorted
         if self._in_kernel(rows[pushable[[0, -1]]] if pushable.size else pushable):
@@ -407,7 +408,11 @@ class Prefetcher:
                 if row not in handed:
                     (held if sentinel[k] else to_push).append((row, data))
             if to_push:
+                push_started = time.thread_time()
                 held += self._push_all(to_push)
+                pushing += time.thread_time() - push_started
+        self.stats.push_cpu_seconds += pushing
+        self.stats.load_cpu_seconds += time.thread_time() - started - pushing
         return held
 
     def _in_kernel(self, rows: np.ndarray) -> bool:
@@ -429,13 +434,17 @@ class Prefetcher:
                 self._known[children.start : children.stop] = True
             self.stats.revealed_dirs += int(dirs.size)
 
+    @staticmethod
     def _groups(
-        self, offsets: np.ndarray, ends: np.ndarray, shards: np.ndarray, need: np.ndarray
+        by_place: list[int], offsets: list[int], ends: list[int], shards: list[int], need: list[int]
     ) -> list[list[int]]:
         """Files by storage read: neighbours in one shard share one, and the read holding the
-        earliest-needed file comes first."""
+        earliest-needed file comes first. ``by_place`` lists the files in (shard, offset) order.
+
+        Plain lists: a batch is a few hundred files, and per-file numpy calls cost more than the
+        arithmetic they would vectorise."""
         groups: list[list[int]] = []
-        for i in np.lexsort((offsets, shards)).tolist():
+        for i in by_place:
             group = groups[-1] if groups else None
             if (
                 group is not None
@@ -446,7 +455,7 @@ class Prefetcher:
                 group.append(i)
             else:
                 groups.append([i])
-        groups.sort(key=lambda group: int(need[group].min()))
+        groups.sort(key=lambda group: min(need[i] for i in group))
         return groups
 
     def _load(
@@ -457,24 +466,26 @@ class Prefetcher:
         Files come back as views into the storage read where they are stored plain: a push copies
         them into the page cache anyway, so slicing them out first would be one copy too many.
         """
-        shards = self.index.shard[rows]
-        offsets = self.index.offset[rows].astype(np.int64)
-        ends = offsets + self.index.stored[rows].astype(np.int64)
-        for group in self._groups(offsets, ends, shards, need):
-            started = time.thread_time()
-            begin = int(offsets[group[0]])
+        shard_column = self.index.shard[rows]
+        offset_column = self.index.offset[rows].astype(np.int64)
+        end_column = offset_column + self.index.stored[rows].astype(np.int64)
+        by_place = np.lexsort((offset_column, shard_column)).tolist()
+        row_list, shards = rows.tolist(), shard_column.tolist()
+        offsets, ends = offset_column.tolist(), end_column.tolist()
+        for group in self._groups(by_place, offsets, ends, shards, need.tolist()):
+            begin = offsets[group[0]]
             self.stats.storage_reads += 1
             try:
                 blob = memoryview(
-                    self.reader.fetch_range(int(rows[group[0]]), begin, int(ends[group].max()) - begin)
+                    self.reader.fetch_range(row_list[group[0]], begin, max(ends[i] for i in group) - begin)
                 )
             except DlfsError as exc:
-                log.warning("read-ahead of shard %d failed: %s", int(shards[group[0]]), exc)
+                log.warning("read-ahead of shard %d failed: %s", shards[group[0]], exc)
                 continue
-            payloads = [self._decode(int(rows[i]), blob[offsets[i] - begin : ends[i] - begin]) for i in group]
-            self.stats.issued_files += sum(data is not None for data in payloads)
-            self.stats.issued_bytes += sum(len(data) for data in payloads if data is not None)
-            self.stats.load_cpu_seconds += time.thread_time() - started
+            payloads = [self._decode(row_list[i], blob[offsets[i] - begin : ends[i] - begin]) for i in group]
+            loaded = [data for data in payloads if data is not None]
+            self.stats.issued_files += len(loaded)
+            self.stats.issued_bytes += sum(map(len, loaded))
             yield group, payloads
 
     def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:
@@ -489,7 +500,6 @@ class Prefetcher:
     def _push_all(self, items: list[tuple[int, bytes | memoryview]]) -> list[tuple[int, bytes | memoryview]]:
         """Push into the kernel page cache (worker thread: never on the loop that answers reads)."""
         assert self.push is not None
-        started = time.thread_time()
         refused = []
         for row, data in items:
             try:
@@ -500,7 +510,6 @@ class Prefetcher:
                     log.warning("notify_store of %s failed: %s", self.index.location(row), exc)
                 self.stats.push_refused += 1
                 refused.append((row, data))
-        self.stats.push_cpu_seconds += time.thread_time() - started
         return refused
 
     def snapshot(self) -> dict[str, object]:
