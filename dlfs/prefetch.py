@@ -362,8 +362,9 @@ class Prefetcher:
 
     async def _fetch(self, follow: _Follow, positions: np.ndarray) -> None:
         rows = follow.reading.rows[positions]
+        row_list = rows.tolist()
         with self._handoff:
-            self._pending.update(rows.tolist())
+            self._pending.update(row_list)
         try:
             sentinel = (positions % self.sentinel_every == 0) | (self.push is None)
             held = await trio.to_thread.run_sync(self._fetch_blocking, positions, rows, sentinel)
@@ -373,8 +374,8 @@ class Prefetcher:
             self.stats.held_files += len(held)
         finally:
             with self._handoff:  # files the batch skipped or failed to load: their READs go on
-                self._pending.difference_update(rows.tolist())
-                woken = [self._waiting[row] for row in rows.tolist() if row in self._waiting]
+                self._pending.difference_update(row_list)
+                woken = [self._waiting[row] for row in row_list if row in self._waiting]
             _set_all(woken)
             self._inflight -= 1
             self._wake.set()
@@ -399,14 +400,14 @@ class Prefetcher:
             self.stats.already_cached += int(pushable.size)
             positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
         held: list[tuple[int, bytes | memoryview]] = []
-        for group, payloads in self._load(rows, positions):
-            pairs = zip(group, payloads, strict=True)
-            items = [(k, int(rows[k]), data) for k, data in pairs if data is not None]
-            handed = self._hand_over(rows[group].tolist(), [(row, data) for _, row, data in items])
+        sentinels = sentinel.tolist()
+        for files in self._load(rows, positions):
+            loaded = [(k, row, data) for k, row, data in files if data is not None]
+            handed = self._hand_over([row for _, row, _ in files], [(row, data) for _, row, data in loaded])
             to_push = []
-            for k, row, data in items:
+            for k, row, data in loaded:
                 if row not in handed:
-                    (held if sentinel[k] else to_push).append((row, data))
+                    (held if sentinels[k] else to_push).append((row, data))
             if to_push:
                 push_started = time.thread_time()
                 held += self._push_all(to_push)
@@ -460,8 +461,9 @@ class Prefetcher:
 
     def _load(
         self, rows: np.ndarray, need: np.ndarray
-    ) -> Iterator[tuple[list[int], list[bytes | memoryview | None]]]:
-        """Fetch, verify and decode files, one storage read at a time: (indices, payloads) per read.
+    ) -> Iterator[list[tuple[int, int, bytes | memoryview | None]]]:
+        """Fetch, verify and decode files, one storage read at a time: per read, (index into
+        ``rows``, row, payload) for each file, the payload None where ``_decode`` gives none.
 
         Files come back as views into the storage read where they are stored plain: a push copies
         them into the page cache anyway, so slicing them out first would be one copy too many.
@@ -482,11 +484,14 @@ class Prefetcher:
             except DlfsError as exc:
                 log.warning("read-ahead of shard %d failed: %s", shards[group[0]], exc)
                 continue
-            payloads = [self._decode(row_list[i], blob[offsets[i] - begin : ends[i] - begin]) for i in group]
-            loaded = [data for data in payloads if data is not None]
+            files = [
+                (i, row_list[i], self._decode(row_list[i], blob[offsets[i] - begin : ends[i] - begin]))
+                for i in group
+            ]
+            loaded = [data for _, _, data in files if data is not None]
             self.stats.issued_files += len(loaded)
             self.stats.issued_bytes += sum(map(len, loaded))
-            yield group, payloads
+            yield files
 
     def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:
         """A verified file, or None: too big to hold whole, or damaged (its own read fails with EIO)."""
