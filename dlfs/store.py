@@ -34,6 +34,14 @@ class Store(Protocol):
     def read(self, name: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
 
+    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
+        """Fill ``buffer`` with the bytes at ``offset``; returns how many (fewer only at the end of
+        the object). ``wait=False``: None, at once, unless all of them are in memory already."""
+
+    def will_read(self, name: str, offset: int, length: int) -> None:
+        """A hint that this range is read soon. Storage serves all the hinted ranges at once, so a
+        reader that hints a batch first waits for its slowest read, not for the sum of them."""
+
     def size(self, name: str) -> int | None:
         """The object's size, or None when it does not exist."""
 
@@ -129,6 +137,21 @@ class LocalStore:
     def read(self, name: str, offset: int, length: int) -> bytes:
         try:
             return os.pread(self._fd(name), length, offset)
+        except OSError as exc:
+            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+
+    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
+        try:
+            got = os.preadv(self._fd(name), [buffer], offset, 0 if wait else os.RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+        return None if not wait and got < len(buffer) else got  # short: only a part is in memory
+
+    def will_read(self, name: str, offset: int, length: int) -> None:
+        try:
+            os.posix_fadvise(self._fd(name), offset, length, os.POSIX_FADV_WILLNEED)
         except OSError as exc:
             raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +37,26 @@ def dlfs(
     if check and result.returncode != 0:
         raise AssertionError(f"dlfs {' '.join(map(str, args))} failed: {result.stderr}")
     return result
+
+
+@pytest.fixture
+def on_disk() -> Iterator[Path]:
+    """A directory on a disk (``/var/tmp``): a tmpfs file's pages cannot leave memory."""
+    path = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="dlfs-test-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def drop_from_memory(path: Path) -> None:
+    """Evict a file's pages from the page cache, as if it had never been read (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:

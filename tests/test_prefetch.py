@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import trio
-from conftest import dlfs, wait_until
+from conftest import dlfs, drop_from_memory, wait_until
 
 from dlfs.cache import PayloadCache
 from dlfs.control import Reading, parse_order
@@ -280,3 +280,35 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
     assert prefetcher.stats.handed_over == 1
     assert target not in pushed and len(pushed) > 0
     assert reader.storage_reads == prefetcher.stats.storage_reads, "nothing was read twice"
+
+
+def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_disk: Path) -> None:
+    """Shards not in memory: the first storage read of a batch finds that out without waiting, the
+    rest of the batch is announced to the storage at once, and every file still arrives intact."""
+    src = _make_classes(on_disk / "src", classes=2, per_class=40, size=20_000)
+    dlfs("pack", src, on_disk / "ds", "--shard-size", "256K")
+    for shard in (on_disk / "ds").glob("*.shard"):
+        drop_from_memory(shard)
+    store = LocalStore(on_disk / "ds", random_access=True)
+    index = Index.load(store)
+    reader = Reader(index, store, PayloadCache(16 << 20))
+    pushed: dict[int, bytes] = {}
+    prefetcher = Prefetcher(
+        index, reader, lambda row, data: pushed.setdefault(row, bytes(data)), budget=64 << 20
+    )
+    rows = index.file_rows()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prefetcher.run)
+            prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
+            with trio.fail_after(20):
+                while prefetcher.stats.issued_files < rows.size or prefetcher._inflight:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert prefetcher.stats.cold_batches >= 1
+    for row in rows.tolist():
+        data = pushed.get(row) or reader.cache.get(row)
+        assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)

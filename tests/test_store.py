@@ -1,0 +1,52 @@
+"""The local backend's reads into a caller's buffer, and the ones that must not wait for the disk."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import drop_from_memory
+
+from dlfs.errors import DatasetError
+from dlfs.store import LocalStore
+
+SIZE = 4 << 20
+MIB = 1 << 20
+
+
+@pytest.fixture
+def store(on_disk: Path) -> Iterator[LocalStore]:
+    (on_disk / "shard").write_bytes(os.urandom(SIZE))
+    store = LocalStore(on_disk, random_access=True)
+    yield store
+    store.close()
+
+
+@pytest.mark.parametrize(("offset", "length"), [(0, 100), (4095, 3 * MIB), (SIZE - 10, 100), (SIZE, 5)])
+def test_read_into_fills_the_buffer_as_read_would(store: LocalStore, offset: int, length: int) -> None:
+    buffer = memoryview(bytearray(length))
+    got = store.read_into("shard", offset, buffer)
+    assert got is not None
+    assert bytes(buffer[:got]) == store.read("shard", offset, length)
+
+
+def test_without_waiting_only_bytes_in_memory_are_read(store: LocalStore, on_disk: Path) -> None:
+    drop_from_memory(on_disk / "shard")
+    buffer = memoryview(bytearray(MIB))
+    assert store.read_into("shard", 4096, buffer, wait=False) is None
+    drop_from_memory(on_disk / "shard")  # the kernel started reading it, though
+    store.read_into("shard", 4096, buffer[: MIB // 2])
+    assert store.read_into("shard", 4096, buffer, wait=False) is None, "half of it is not in memory"
+    store.will_read("shard", 4096, MIB)
+    assert store.read_into("shard", 4096, buffer) == MIB
+    assert store.read_into("shard", 4096, buffer, wait=False) == MIB
+    assert bytes(buffer) == store.read("shard", 4096, MIB)
+
+
+def test_a_missing_object_is_named(store: LocalStore) -> None:
+    with pytest.raises(DatasetError, match="gone"):
+        store.read_into("gone", 0, memoryview(bytearray(10)))
+    with pytest.raises(DatasetError, match="gone"):
+        store.will_read("gone", 0, 10)
