@@ -247,8 +247,11 @@ class Index:
     def total_stored(self) -> int:
         return int(sum(self.shard_sizes))
 
+    def shard_of(self, row: int) -> str:
+        """The name of the shard holding a file's bytes."""
+        return self.shard_names[int(self.shard[row])]
+
     def location(self, row: int) -> str:
         """Human-readable place of a file's bytes, for error messages."""
-        shard = self.shard_names[int(self.shard[row])]
         path = self.path(row).decode(errors="replace")
-        return f"{path} (shard {shard}, offset {int(self.offset[row])})"
+        return f"{path} (shard {self.shard_of(row)}, offset {int(self.offset[row])})"

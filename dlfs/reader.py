@@ -46,22 +46,19 @@ class Reader:
         """``length`` bytes of a file's stored payload, starting ``offset`` bytes into it."""
         self.storage_reads += 1
         self.storage_bytes += length
-        return self.store.read(self._shard(row), int(self.index.offset[row]) + offset, length)
-
-    def _shard(self, row: int) -> str:
-        return self.index.shard_names[int(self.index.shard[row])]
+        return self.store.read(self.index.shard_of(row), int(self.index.offset[row]) + offset, length)
 
     def fetch_into(self, row: int, shard_offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         """Any byte range of the shard holding ``row`` (read-ahead covers neighbours with one read);
         see ``Store.read_into``."""
-        got = self.store.read_into(self._shard(row), shard_offset, buffer, wait)
+        got = self.store.read_into(self.index.shard_of(row), shard_offset, buffer, wait)
         if got is not None:
             self.storage_reads += 1
             self.storage_bytes += got
         return got
 
     def will_fetch(self, row: int, shard_offset: int, length: int) -> None:
-        self.store.will_read(self._shard(row), shard_offset, length)
+        self.store.will_read(self.index.shard_of(row), shard_offset, length)
 
     def _report(self, row: int, error: DlfsError) -> None:
         if not self._reported[row]:

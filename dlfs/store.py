@@ -138,7 +138,7 @@ class LocalStore:
         try:
             return os.pread(self._fd(name), length, offset)
         except OSError as exc:
-            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+            raise self._read_error(name, offset, exc) from exc
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
@@ -146,14 +146,17 @@ class LocalStore:
         except BlockingIOError:
             return None
         except OSError as exc:
-            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+            raise self._read_error(name, offset, exc) from exc
         return None if not wait and got < len(buffer) else got  # short: only a part is in memory
 
     def will_read(self, name: str, offset: int, length: int) -> None:
         try:
             os.posix_fadvise(self._fd(name), offset, length, os.POSIX_FADV_WILLNEED)
         except OSError as exc:
-            raise StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}") from exc
+            raise self._read_error(name, offset, exc) from exc
+
+    def _read_error(self, name: str, offset: int, exc: OSError) -> StoreError:
+        return StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}")
 
     def size(self, name: str) -> int | None:
         try:
