@@ -267,7 +267,7 @@ class Prefetcher:
             self.reader.cache.put(row, data)
             self.stats.handed_over += 1
 
-    def _hand_over(self, rows: list[int], loaded: list[tuple[int, bytes | memoryview]]) -> set[int]:
+    def _hand_over(self, rows: list[int], loaded: list[tuple[int, int, bytes | memoryview]]) -> set[int]:
         """In a fetching thread, once a storage group is loaded: the READs waiting for its ``rows``
         get their file (or, for a file that did not load, go and read it themselves); returns the
         rows handed over, which are not pushed."""
@@ -275,7 +275,7 @@ class Prefetcher:
             self._pending.difference_update(rows)
             if not self._waiting:
                 return set()
-            handed = {row: bytes(data) for row, data in loaded if row in self._waiting}
+            handed = {row: bytes(data) for _, row, data in loaded if row in self._waiting}
             self._handed.update(handed)
             woken = [self._waiting[row] for row in rows if row in self._waiting]
         if woken:
@@ -406,21 +406,18 @@ class Prefetcher:
             positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
         held: list[tuple[int, bytes]] = []
         sentinels = sentinel.tolist()
-        for files in self._load(rows, positions):
-            loaded = [(k, row, data) for k, row, data in files if data is not None]
-            handed = self._hand_over([row for _, row, _ in files], [(row, data) for _, row, data in loaded])
-            to_push = []
+        for read_rows, loaded in self._load(rows, positions):
+            handed = self._hand_over(read_rows, loaded)
+            keep: list[tuple[int, bytes | memoryview]] = []
+            to_push: list[tuple[int, bytes | memoryview]] = []
             for k, row, data in loaded:
-                if row in handed:
-                    continue
-                if sentinels[k]:
-                    held.append((row, bytes(data)))
-                else:
-                    to_push.append((row, data))
+                if row not in handed:
+                    (keep if sentinels[k] else to_push).append((row, data))
             if to_push:
                 push_started = time.thread_time()
-                held += [(row, bytes(data)) for row, data in self._push_all(to_push)]
+                keep += self._push_all(to_push)
                 pushing += time.thread_time() - push_started
+            held += [(row, bytes(data)) for row, data in keep]  # copies: the next read reuses the buffer
         self.stats.push_cpu_seconds += pushing
         self.stats.load_cpu_seconds += time.thread_time() - started - pushing
         return held
@@ -470,9 +467,9 @@ class Prefetcher:
 
     def _load(
         self, rows: np.ndarray, need: np.ndarray
-    ) -> Iterator[list[tuple[int, int, bytes | memoryview | None]]]:
-        """Fetch, verify and decode files, one storage read at a time: per read, (index into
-        ``rows``, row, payload) for each file, the payload None where ``_decode`` gives none.
+    ) -> Iterator[tuple[list[int], list[tuple[int, int, bytes | memoryview]]]]:
+        """Fetch, verify and decode files, one storage read at a time: per read, the rows it
+        covered and (index into ``rows``, row, payload) for each file ``_decode`` gave.
 
         Files come back as views into the storage read where they are stored plain, valid until
         the next read is asked for (the buffer is reused): a push copies them into the page cache
@@ -508,14 +505,16 @@ class Prefetcher:
                 continue
             assert got is not None
             blob = buffer[:got]
-            files = []
+            read_rows, loaded = [], []
             for i in group:
                 row = row_list[i]
-                files.append((i, row, self._decode(row, blob[offsets[i] - begin : ends[i] - begin])))
-            loaded = [data for _, _, data in files if data is not None]
+                read_rows.append(row)
+                data = self._decode(row, blob[offsets[i] - begin : ends[i] - begin])
+                if data is not None:
+                    loaded.append((i, row, data))
             self.stats.issued_files += len(loaded)
-            self.stats.issued_bytes += sum(map(len, loaded))
-            yield files
+            self.stats.issued_bytes += sum(len(data) for _, _, data in loaded)
+            yield read_rows, loaded
 
     def _hint(self, spans: list[tuple[int, int, int]]) -> None:
         for span in spans:

@@ -257,22 +257,29 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
     _assert_sentinels_only(before, after, len(paths))
 
 
+def _engine(
+    dataset: Path, push: Callable[[int, bytes | memoryview], object]
+) -> tuple[Index, Reader, Prefetcher]:
+    """The read-ahead engine over a dataset, without a mount: ``push`` stands in for the kernel."""
+    store = LocalStore(dataset, random_access=True)
+    index = Index.load(store)
+    reader = Reader(index, store, PayloadCache(16 << 20))
+    return index, reader, Prefetcher(index, reader, push, budget=64 << 20)
+
+
 def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
     """A READ that catches up with the read-ahead gets the file from the batch loading it: not
     loaded twice, and not pushed (the kernel locks a file's pages until its READ is answered, so a
     READ waiting for a push of the same file would never be answered)."""
     src = _make_classes(tmp_path / "src", classes=2, per_class=12, size=20_000)
     dlfs("pack", src, tmp_path / "ds", "--shard-size", "64K")  # a few files per shard: many storage reads
-    store = LocalStore(tmp_path / "ds")
-    index = Index.load(store)
-    reader = Reader(index, store, PayloadCache(16 << 20))
     gate, pushed = threading.Event(), []
 
     def push(row: int, data: bytes | memoryview) -> None:
         assert gate.wait(10), "the push was never let through"
         pushed.append(row)
 
-    prefetcher = Prefetcher(index, reader, push, budget=64 << 20)
+    index, reader, prefetcher = _engine(tmp_path / "ds", push)
     rows = index.file_rows()
     target = int(rows[-1])  # needed last: its storage read comes after the blocked first push
 
@@ -305,13 +312,8 @@ def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_
     dlfs("pack", src, on_disk / "ds", "--shard-size", "256K")
     for shard in (on_disk / "ds").glob("*.shard"):
         drop_from_memory(shard)
-    store = LocalStore(on_disk / "ds", random_access=True)
-    index = Index.load(store)
-    reader = Reader(index, store, PayloadCache(16 << 20))
     pushed: dict[int, bytes] = {}
-    prefetcher = Prefetcher(
-        index, reader, lambda row, data: pushed.setdefault(row, bytes(data)), budget=64 << 20
-    )
+    index, reader, prefetcher = _engine(on_disk / "ds", lambda row, data: pushed.setdefault(row, bytes(data)))
     rows = index.file_rows()
 
     async def main() -> None:
@@ -319,7 +321,7 @@ def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_
             nursery.start_soon(prefetcher.run)
             prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
             with trio.fail_after(20):
-                while prefetcher.stats.issued_files < rows.size or prefetcher._inflight:
+                while prefetcher.stats.issued_files < rows.size or prefetcher.snapshot()["inflight"]:
                     await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
 
