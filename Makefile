@@ -6,7 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train clean
 
-install: $(STAMP)
+# The read-ahead's C loop (dlfs/_push.c), loaded with ctypes; without it dlfs reads ahead in Python.
+NATIVE := dlfs/_push.so
+
+install: $(STAMP) $(NATIVE)
 
 $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
@@ -14,6 +17,9 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	$(BIN)/python tools/build_pyfuse3.py
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench]'
 	touch $@
+
+$(NATIVE): dlfs/_push.c $(STAMP)
+	cc -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -lpthread
 
 test: install
 	$(BIN)/ruff check dlfs tests tools
@@ -66,4 +72,4 @@ bench-train: install
 bench: bench-scale bench-pack bench-read bench-jobs bench-train
 
 clean:
-	rm -rf $(VENV) demo-data bench-data .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(NATIVE) demo-data bench-data .pytest_cache .ruff_cache .hypothesis

@@ -25,6 +25,7 @@ from dlfs.mount import MountOptions, check_mountpoint
 from dlfs.order import OrderSpec
 from dlfs.pagecache import MountPageCache
 from dlfs.prefetch import Prefetcher
+from dlfs.push import NativePusher
 from dlfs.reader import Reader
 from dlfs.store import open_store
 
@@ -104,6 +105,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         pyfuse3.init(operations, str(mountpoint), fuse_options)
     except RuntimeError as exc:
         raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
+    if prefetcher is not None and "dev_fuse_fd" in getattr(pyfuse3, "dlfs_features", ()):
+        prefetcher.native = NativePusher.load(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)
     log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
     _serve_first()
     clean = False

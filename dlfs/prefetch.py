@@ -27,6 +27,7 @@ import contextlib
 import errno
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,9 +36,11 @@ from dataclasses import dataclass
 import numpy as np
 import trio
 
+from dlfs import format as fmt
 from dlfs.control import Reading
 from dlfs.errors import DlfsError
 from dlfs.index import Index
+from dlfs.push import NativePusher
 from dlfs.reader import Reader
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,10 @@ BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
 #: Storage reads up to this size go into a buffer each fetching thread reuses.
 REUSED_BUFFER = 1 << 20
+#: Files the C loop reads, checks and pushes per call; between calls, waiting READs are looked after.
+NATIVE_FILES = 32
+#: The C loop's buffer each fetching thread keeps (a call's reads side by side: ~32 files).
+NATIVE_BUFFER = 8 << 20
 #: How far (in files, each way in storage order) a batch looks for neighbours it can take along.
 NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
@@ -131,6 +138,7 @@ class PrefetchStats:
     forgotten_ahead: int = 0
     handed_over: int = 0
     cold_batches: int = 0
+    native_cpu_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}
@@ -151,6 +159,8 @@ class Prefetcher:
         self.index = index
         self.reader = reader
         self.push = push
+        #: The C loop for pushing, once the mount is live (it needs the session's descriptor).
+        self.native: NativePusher | None = None
         self.in_kernel = in_kernel
         self.reveal = reveal
         self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from our listing
@@ -387,8 +397,8 @@ class Prefetcher:
     def _fetch_blocking(
         self, positions: np.ndarray, rows: np.ndarray, sentinel: np.ndarray
     ) -> list[tuple[int, bytes]]:
-        """Fetch a batch and push it, one storage read at a time; returns what the cache must hold
-        (copies: the storage read's buffer is reused).
+        """Fetch a batch and push it; returns what the cache must hold (copies: the storage read's
+        buffer is reused).
 
         When the kernel already caches the batch's first- and last-needed pushable files, the batch
         was read before (an earlier epoch, an earlier job): only its sentinels are fetched. Both,
@@ -396,14 +406,26 @@ class Prefetcher:
         ones itself, and the last may be one pushed again after the kernel forgot it. Two questions
         per batch keep the check cheap; a file of the batch the kernel does not hold after all is
         read through the daemon, which moves the cursor on, as any file the read-ahead missed.
+
+        Files the C loop can push (see ``dlfs.push``) go there; the rest (sentinels, compressed or
+        big files, a store without descriptors) take the Python path.
         """
-        started, pushing = time.thread_time(), 0.0
         self._reveal_dirs(rows)
         pushable = np.flatnonzero(~sentinel)  # positions come sorted
         if self._in_kernel(rows[pushable[[0, -1]]] if pushable.size else pushable):
             log.debug("positions %d-%d: the kernel holds them already", positions[0], positions[-1])
             self.stats.already_cached += int(pushable.size)
             positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
+        native = self._natively(rows, sentinel)
+        held = self._fetch_in_python(positions[~native], rows[~native], sentinel[~native])
+        if native.any():
+            held += self._fetch_natively(positions[native], rows[native])
+        return held
+
+    def _fetch_in_python(
+        self, positions: np.ndarray, rows: np.ndarray, sentinel: np.ndarray
+    ) -> list[tuple[int, bytes]]:
+        started, pushing = time.thread_time(), 0.0
         held: list[tuple[int, bytes]] = []
         sentinels = sentinel.tolist()
         for read_rows, loaded in self._load(rows, positions):
@@ -421,6 +443,111 @@ class Prefetcher:
         self.stats.push_cpu_seconds += pushing
         self.stats.load_cpu_seconds += time.thread_time() - started - pushing
         return held
+
+    def _natively(self, rows: np.ndarray, sentinel: np.ndarray) -> np.ndarray:
+        """Which files of a batch the C loop takes: pushed, stored plain, small enough to hold
+        whole, in a shard with a descriptor."""
+        if self.native is None or not rows.size:
+            return np.zeros(rows.size, dtype=bool)
+        index = self.index
+        return (
+            ~sentinel
+            & (index.flags[rows] & fmt.FLAG_LZ4 == 0)
+            & (index.size[rows] <= fmt.WHOLE_PAYLOAD_LIMIT)
+            & (self._descriptors[0, index.shard[rows]] >= 0)
+        )
+
+    @functools.cached_property
+    def _descriptors(self) -> np.ndarray:
+        """Each shard's descriptors for the C loop, through the page cache and direct (rows), or
+        -1 (a store without, a shard that fails, a filesystem without direct I/O)."""
+        fds = np.full((2, len(self.index.shard_names)), -1, dtype=np.int32)
+        for shard, name in enumerate(self.index.shard_names):
+            try:
+                for direct in (0, 1):
+                    fd = self.reader.store.descriptor(name, direct=bool(direct))
+                    fds[direct, shard] = -1 if fd is None else fd
+            except DlfsError as exc:
+                log.warning("reading ahead of %s in Python: %s", name, exc)
+        return fds
+
+    def _fetch_natively(self, positions: np.ndarray, rows: np.ndarray) -> list[tuple[int, bytes]]:
+        """Read, check and push files in C, a few storage reads per call, in the order the reader
+        needs them.
+
+        Before each call its files leave ``_pending``: a READ of one of them from then on reads the
+        file itself instead of waiting, because the push would wait for that READ (the kernel locks
+        the pages it reads into). A READ already waiting keeps its file: the C loop skips it and the
+        Python path hands it over. Files the kernel refused (it forgot their inode) are held in the
+        daemon's cache instead, through the Python path too.
+        """
+        assert self.native is not None
+        started = time.thread_time()
+        index = self.index
+        shards = index.shard[rows]
+        starts = index.offset[rows].astype(np.int64)
+        lengths = index.stored[rows].astype(np.int64)
+        ends = (starts + lengths).tolist()
+        by_place = np.lexsort((starts, shards)).tolist()
+        groups = self._groups(by_place, starts.tolist(), ends, shards.tolist(), positions.tolist())
+        order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=rows.size)
+        read_ends = np.cumsum([len(group) for group in groups], dtype=np.int32)
+        firsts = order[read_ends - [len(group) for group in groups]]
+        read_starts = starts[firsts]
+        reads = np.stack(
+            [
+                *self._descriptors[:, shards[firsts]],
+                read_starts,
+                np.array([max(ends[i] for i in group) for group in groups], dtype=np.int64) - read_starts,
+            ]
+        )
+        rows, positions, starts, lengths = rows[order], positions[order], starts[order], lengths[order]
+        checksums = index.checksum[rows]
+        deferred: list[np.ndarray] = []
+        direct = False
+        for first, last in self._chunks(read_ends):
+            done = int(read_ends[first - 1]) if first else 0
+            span = slice(done, int(read_ends[last - 1]))
+            with self._handoff:
+                waited = np.array([row in self._waiting for row in rows[span].tolist()], dtype=bool)
+                self._pending.difference_update(rows[span][~waited].tolist())
+            status, went_direct = self.native.push(
+                self._native_buffer(self.native.buffer_size(reads[2, first:last], reads[3, first:last])),
+                direct,
+                (*reads[:, first:last], read_ends[first:last] - done),
+                (starts[span], lengths[span], checksums[span], np.where(waited, -1, rows[span])),
+            )
+            if went_direct and not direct:  # storage is slow: read the rest of the batch directly too
+                direct = True
+                self.stats.cold_batches += 1
+            self._count_native(rows[span][~waited], status[~waited])
+            deferred.append(np.flatnonzero(waited | (status == errno.ENOENT)) + done)
+            self.stats.storage_reads += last - first
+        self.stats.native_cpu_seconds += time.thread_time() - started
+        again = np.concatenate(deferred)
+        return self._fetch_in_python(positions[again], rows[again], np.ones(again.size, dtype=bool))
+
+    @staticmethod
+    def _chunks(read_ends: np.ndarray) -> Iterator[tuple[int, int]]:
+        """Runs of whole storage reads holding about ``NATIVE_FILES`` files each, as (first, last)."""
+        first = 0
+        while first < read_ends.size:
+            done = int(read_ends[first - 1]) if first else 0
+            last = max(int(np.searchsorted(read_ends, done + NATIVE_FILES, side="left")) + 1, first + 1)
+            last = min(last, read_ends.size)
+            yield first, last
+            first = last
+
+    def _count_native(self, rows: np.ndarray, status: np.ndarray) -> None:
+        pushed = status == 0
+        self.stats.pushed_files += int(pushed.sum())
+        self.stats.issued_files += int(pushed.sum())
+        self.stats.issued_bytes += int(self.index.size[rows[pushed]].sum())
+        self.stats.push_refused += int((status == errno.ENOENT).sum())
+        # A damaged file (EIO) is reported by its own read.
+        failed = ~pushed & (status != errno.ENOENT) & (status != errno.EIO)
+        for row, code in zip(rows[failed].tolist(), status[failed].tolist(), strict=True):
+            log.warning("read-ahead of %s failed: %s", self.index.location(row), os.strerror(code))
 
     def _in_kernel(self, rows: np.ndarray) -> bool:
         return self.in_kernel is not None and rows.size > 0 and all(map(self.in_kernel, rows.tolist()))
@@ -531,6 +658,16 @@ class Prefetcher:
         if buffer is None:
             buffer = self._buffers.buffer = memoryview(bytearray(REUSED_BUFFER))
         return buffer[:length]
+
+    def _native_buffer(self, length: int) -> np.ndarray:
+        """The C loop's buffer in this thread, grown to the largest call it was given up to
+        ``NATIVE_BUFFER``; a larger call (long runs of neighbours) gets its own."""
+        if length > NATIVE_BUFFER:
+            return np.empty(length, dtype=np.uint8)
+        buffer: np.ndarray | None = getattr(self._buffers, "native", None)
+        if buffer is None or buffer.size < length:
+            buffer = self._buffers.native = np.empty(max(length, REUSED_BUFFER), dtype=np.uint8)
+        return buffer
 
     def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:
         """A verified file, or None: too big to hold whole, or damaged (its own read fails with EIO)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build and install pyfuse3 3.5.0 with three small additions for a read-only dataset.
+"""Build and install pyfuse3 3.5.0 with four small additions for a read-only dataset.
 
 1. Requests without an open. When ``open``/``opendir``/``flush`` answer ENOSYS, the kernel stops
    sending them (``no_open``, ``no_opendir``, ``no_flush``) and by default keeps file pages
@@ -17,6 +17,8 @@
    (``dlfs/dirents.py`` builds a whole run of entries with numpy) instead of one
    ``readdir_reply`` call and one ``EntryAttributes`` per entry; ``ReaddirToken.size`` (the room
    left in the reply) becomes readable so the caller knows how many fit.
+4. ``dev_fuse_fd()``: the mounted session's ``/dev/fuse`` descriptor, so that ``dlfs/_push.c`` can
+   write FUSE_NOTIFY_STORE messages itself, many files per call without the GIL.
 
 The module gets ``pyfuse3.dlfs_features`` so dlfs can tell this build from a stock one and fall back
 when it runs on stock pyfuse3. Each edit asserts its anchor, so a changed upstream source fails
@@ -32,8 +34,8 @@ import tarfile
 from pathlib import Path
 
 VERSION = "3.5.0"
-LOCAL = "dlfs.5"
-FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto", "readdir_reply_raw")
+LOCAL = "dlfs.6"
+FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto", "readdir_reply_raw", "dev_fuse_fd")
 
 EDITS: list[tuple[str, str, str]] = [
     (
@@ -98,6 +100,14 @@ EDITS: list[tuple[str, str, str]] = [
         "        token.size -= n\n        token.buf = &token.buf[n]\n        return True\n"
         "    finally:\n        PyBuffer_Release(&pybuf)\n\n"
         "def readdir_reply(ReaddirToken token, name, EntryAttributes attr, off_t next_id):\n",
+    ),
+    (
+        "src/pyfuse3/__init__.pyx",
+        "def notify_store(inode, offset, data):\n",
+        "def dev_fuse_fd():\n"
+        "    # The mounted session's /dev/fuse descriptor, for notifications sent without libfuse.\n"
+        "    return session_fd\n\n"
+        "def notify_store(inode, offset, data):\n",
     ),
     (
         "src/pyfuse3/internal.pxi",

@@ -1,0 +1,230 @@
+/* The read-ahead's inner loop in C: read files from shards, check them, push them into the kernel.
+ *
+ * In Python every file cost the daemon more interpreter time and GIL hand-offs between the fetching
+ * threads than the copies themselves. Called through ctypes, which lets go of the GIL, this loop
+ * runs on both cores at once and costs about what its system calls cost. dlfs/push.py is its only
+ * caller; build: `make install`.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/aio_abi.h>
+#include <linux/fuse.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+/* Direct reads start and end on this boundary (a page: enough for any logical block size). */
+#define ALIGN 4096
+/* Direct reads in flight per call. */
+#define DEPTH 64
+/* cachestat's number in the generic syscall table, the same on every architecture. */
+#define SYS_CACHESTAT 451
+
+/* Read len bytes at off. nowait: only what is in the page cache, or -EAGAIN. Returns bytes read
+ * (fewer only at the end of the file) or -errno. */
+static int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, int nowait) {
+    int64_t got = 0;
+    while (got < len) {
+        struct iovec iov = {buf + got, (size_t)(len - got)};
+        ssize_t n = preadv2(fd, &iov, 1, off + got, nowait ? RWF_NOWAIT : 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            break;
+        if (nowait && n < len - got)
+            return -EAGAIN; /* a part is cached, the rest would wait for storage */
+        got += n;
+    }
+    return got;
+}
+
+/* Is every page of the range in the page cache? 1 yes, 0 no, -1 cannot tell (a kernel before 6.5
+ * has no cachestat). Unlike a read that must not wait, asking starts no read. */
+static int cached(int fd, int64_t off, int64_t len) {
+    struct {
+        uint64_t off, len;
+    } range = {(uint64_t)off, (uint64_t)len};
+    struct {
+        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+    } stat;
+    if (len == 0)
+        return 1;
+    if (syscall(SYS_CACHESTAT, fd, &range, &stat, 0) != 0)
+        return -1;
+    int64_t page = sysconf(_SC_PAGESIZE);
+    return (int64_t)stat.nr_cache >= (off + len - 1) / page - off / page + 1;
+}
+
+/* Store the whole of a file as the page cache of inode nodeid: one FUSE_NOTIFY_STORE message. */
+static int push(int fuse_fd, uint64_t nodeid, const uint8_t *data, uint32_t len) {
+    struct fuse_notify_store_out store = {.nodeid = nodeid, .offset = 0, .size = len};
+    struct fuse_out_header out = {
+        .len = (uint32_t)(sizeof out + sizeof store + len), .error = FUSE_NOTIFY_STORE, .unique = 0};
+    struct iovec iov[3] = {{&out, sizeof out}, {&store, sizeof store}, {(void *)data, len}};
+    ssize_t n;
+    do
+        n = writev(fuse_fd, iov, 3);
+    while (n < 0 && errno == EINTR);
+    return n < 0 ? errno : 0;
+}
+
+struct files {
+    const int64_t *offsets, *lengths;
+    const uint64_t *checksums, *nodeids;
+    int32_t *status;
+};
+
+/* Check and push files [from, to), which a read of the shard at `start` put in `data` (got bytes,
+ * or -errno). */
+static void deliver(int fuse_fd, const struct files *f, int from, int to, int64_t start, const uint8_t *data,
+                    int64_t got) {
+    for (int i = from; i < to; i++) {
+        int64_t at = f->offsets[i] - start, len = f->lengths[i];
+        if (got < 0)
+            f->status[i] = (int32_t)-got;
+        else if (at < 0 || at + len > got || len > UINT32_MAX / 2 ||
+                 XXH3_64bits(data + at, (size_t)len) != f->checksums[i])
+            f->status[i] = EIO;
+        else
+            f->status[i] = len && f->nodeids[i] ? push(fuse_fd, f->nodeids[i], data + at, (uint32_t)len) : 0;
+    }
+}
+
+static int64_t align_down(int64_t x) { return x & ~(int64_t)(ALIGN - 1); }
+static int64_t align_up(int64_t x) { return align_down(x + ALIGN - 1); }
+
+/* Each thread's AIO context, made on its first direct read and destroyed when the thread ends: one
+ * per call cost milliseconds, as io_destroy waits for an RCU grace period. */
+static pthread_key_t context_key;
+static pthread_once_t context_once = PTHREAD_ONCE_INIT;
+
+static void context_destroy(void *ctx) { syscall(SYS_io_destroy, (aio_context_t)(uintptr_t)ctx); }
+
+static void context_key_create(void) { pthread_key_create(&context_key, context_destroy); }
+
+static aio_context_t thread_context(void) {
+    pthread_once(&context_once, context_key_create);
+    aio_context_t ctx = (aio_context_t)(uintptr_t)pthread_getspecific(context_key);
+    if (!ctx && syscall(SYS_io_setup, DEPTH, &ctx) == 0)
+        pthread_setspecific(context_key, (void *)(uintptr_t)ctx);
+    return ctx;
+}
+
+/* Reads [first, n) straight from the device (O_DIRECT descriptors), all at once with Linux AIO, so
+ * the disk works on them side by side; each read's files are delivered once it and those before it
+ * are done. Nothing lands in the shards' page cache: the files' only cached copy is the one pushed
+ * to the mount. The buffer holds every read side by side, each widened to ALIGN boundaries.
+ * Returns 0, or -errno when nothing could be submitted (nothing was read). */
+static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int first, int n, const int32_t *fds,
+                       const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths,
+                       const int32_t *ends, const struct files *f) {
+    uint8_t *base = (uint8_t *)(uintptr_t)align_up((int64_t)(uintptr_t)buffer);
+    int64_t room = buffer_size - (base - buffer), need = 0;
+    for (int r = first; r < n; r++)
+        need += align_up(offsets[r] + lengths[r]) - align_down(offsets[r]);
+    if (need > room)
+        return -EFBIG;
+    aio_context_t ctx = thread_context();
+    if (!ctx)
+        return -EAGAIN;
+    struct iocb cbs[DEPTH], *list[DEPTH];
+    int64_t results[DEPTH], slot = 0;
+    uint8_t *data[DEPTH];
+    int submitted = first, done = first;
+    while (done < n) {
+        int batch = 0;
+        for (; submitted + batch < n && submitted + batch - done < DEPTH; batch++) {
+            int r = submitted + batch;
+            int64_t start = align_down(offsets[r]), size = align_up(offsets[r] + lengths[r]) - start;
+            struct iocb *cb = &cbs[r % DEPTH];
+            memset(cb, 0, sizeof *cb);
+            cb->aio_data = (uint64_t)r;
+            cb->aio_lio_opcode = IOCB_CMD_PREAD;
+            cb->aio_fildes = (uint32_t)direct_fds[r];
+            cb->aio_buf = (uint64_t)(uintptr_t)(base + slot);
+            cb->aio_nbytes = (uint64_t)size;
+            cb->aio_offset = start;
+            data[r % DEPTH] = base + slot;
+            results[r % DEPTH] = INT64_MIN;
+            list[batch] = cb;
+            slot += size;
+        }
+        long took = batch ? syscall(SYS_io_submit, ctx, batch, list) : 0;
+        if (took > 0)
+            submitted += (int)took;
+        for (int r = submitted; r < submitted + batch - (took > 0 ? took : 0); r++)
+            slot -= align_up(offsets[r] + lengths[r]) - align_down(offsets[r]); /* not taken: reuse */
+        if (submitted == done) /* the kernel took nothing: stop here, the caller reads the rest */
+            return done == first ? -EAGAIN : done;
+        while (results[done % DEPTH] == INT64_MIN) {
+            struct io_event events[DEPTH];
+            long got = syscall(SYS_io_getevents, ctx, 1, DEPTH, events, NULL);
+            if (got < 0 && errno != EINTR) { /* a broken context: drop it, the caller reads the rest */
+                pthread_setspecific(context_key, NULL);
+                context_destroy((void *)(uintptr_t)ctx); /* waits for what is in flight */
+                return done == first ? -EAGAIN : done;
+            }
+            for (long e = 0; e < got; e++)
+                results[events[e].data % DEPTH] = events[e].res;
+        }
+        int64_t start = align_down(offsets[done]), got = results[done % DEPTH];
+        if (got < 0) { /* say the filesystem refuses this direct read: take it through the page cache */
+            start = offsets[done];
+            got = read_all(fds[done], data[done % DEPTH], lengths[done], start, 0);
+        }
+        deliver(fuse_fd, f, done ? ends[done - 1] : 0, ends[done], start, data[done % DEPTH], got);
+        done++;
+    }
+    return n;
+}
+
+/* Storage reads, each followed by the files it holds. Read r (lengths[r] bytes at offsets[r] of
+ * fds[r]) holds the files from ends[r-1] (0 for the first) to ends[r]. File i lies at shard offset
+ * file_offsets[i], file_lengths[i] bytes, stored plain: check its xxh3-64 against checksums[i] and
+ * push it as inode nodeids[i] (0: check it, push nothing). status[i] = 0 (done) or a positive
+ * errno: EIO (checksum mismatch, or the shard ends early), ENOENT (the kernel does not know the
+ * inode), EFBIG (the read is larger than the buffer), or the error of the read or of the push.
+ *
+ * Storage is read through the page cache while it holds what is asked for (cachestat says so, and a
+ * read that would wait after all is refused, RWF_NOWAIT). From the first read that would wait, or from the start with `direct`,
+ * the rest is read with O_DIRECT from direct_fds (where one is -1: through the page cache), all at
+ * once. Returns 1 when it read directly, else 0. */
+int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int direct, int n_reads, const int32_t *fds,
+                    const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths, const int32_t *ends,
+                    const int64_t *file_offsets, const int64_t *file_lengths, const uint64_t *checksums,
+                    const uint64_t *nodeids, int32_t *status) {
+    struct files f = {file_offsets, file_lengths, checksums, nodeids, status};
+    int r = 0;
+    for (; r < n_reads; r++) {
+        int may_wait = direct_fds[r] < 0;
+        if (!may_wait && (direct || cached(fds[r], offsets[r], lengths[r]) == 0))
+            break;
+        int64_t got = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], !may_wait);
+        if (got == -EAGAIN && !may_wait)
+            break;
+        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
+    }
+    if (r == n_reads)
+        return 0;
+    int rest = r;
+    while (r < n_reads && direct_fds[r] >= 0)
+        r++;
+    if (r == n_reads) { /* every shard left has a direct descriptor */
+        int got = read_direct(fuse_fd, buffer, buffer_size, rest, n_reads, fds, direct_fds, offsets, lengths, ends, &f);
+        rest = got < 0 ? rest : got;
+    }
+    for (r = rest; r < n_reads; r++) { /* through the page cache after all */
+        int64_t got = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], 0);
+        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
+    }
+    return 1;
+}
