@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	touch $@
 
 $(NATIVE): dlfs/_push.c $(STAMP)
-	cc -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -lpthread
+	cc -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -lxxhash -lpthread
 
 test: install
 	$(BIN)/ruff check dlfs tests tools
