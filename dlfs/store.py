@@ -66,6 +66,8 @@ class Store(Protocol):
 
 
 WRITE_BUFFER = 4 << 20
+#: Payloads per writev (IOV_MAX is 1024).
+WRITE_GATHER = 512
 #: Written bytes handed to the disk at a time, so that the fsync at the end finds little left.
 WRITEBACK_STEP = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2
@@ -76,17 +78,35 @@ _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, 
 class _LocalWriter:
     def __init__(self, path: Path) -> None:
         self._path = path
-        # A large buffer: the packer appends many small payloads, and every flush is a syscall
-        # during which the writing thread may lose the GIL to the reader threads.
-        self._file: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
+        self._file: BinaryIO = open(path, "wb", buffering=0)
+        self._pending: list[bytes | memoryview] = []
+        self._held = 0
         self._written = 0
         self._started = 0
 
     def write(self, data: bytes | memoryview) -> None:
-        self._file.write(data)
-        self._written += len(data)
+        """Gather payloads and hand them to the kernel ``WRITE_BUFFER`` bytes at a time, in one
+        ``writev``: a buffered file copied every payload once more into its buffer, and each flush
+        is a syscall during which the writing thread may lose the GIL to the reader threads."""
+        self._pending.append(data)
+        self._held += len(data)
+        if self._held >= WRITE_BUFFER or len(self._pending) >= WRITE_GATHER:
+            self._flush()
         if self._written - self._started >= WRITEBACK_STEP:
             self._start_writeback()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        left = self._held
+        while left:
+            done = os.writev(self._file.fileno(), pending)
+            left -= done
+            while pending and done >= len(pending[0]):  # a short write: go on from where it stopped
+                done -= len(pending.pop(0))
+            if done:
+                pending[0] = memoryview(pending[0])[done:]
+        self._written += self._held
+        self._held = 0
 
     def _start_writeback(self) -> None:
         """Start writing what the packer wrote so far, without waiting for it.
@@ -95,14 +115,14 @@ class _LocalWriter:
         then stops for as long as the disk needs to write it all; started early, the writing
         overlaps with reading the next files.
         """
-        self._file.flush()
+        self._flush()
         _libc.sync_file_range(
             self._file.fileno(), self._started, self._written - self._started, _SYNC_FILE_RANGE_WRITE
         )
         self._started = self._written
 
     def commit(self) -> None:
-        self._file.flush()
+        self._flush()
         os.fsync(self._file.fileno())
         self._file.close()
 

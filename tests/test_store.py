@@ -50,3 +50,15 @@ def test_a_missing_object_is_named(store: LocalStore) -> None:
         store.read_into("gone", 0, memoryview(bytearray(10)))
     with pytest.raises(DatasetError, match="gone"):
         store.will_read("gone", 0, 10)
+
+
+def test_a_shard_writer_keeps_every_payload_in_order(on_disk: Path) -> None:
+    """Payloads are gathered into few writes (more of them than one writev takes, empty ones, ones
+    larger than the gathering buffer): the shard holds exactly their concatenation."""
+    store = LocalStore(on_disk)
+    payloads = [os.urandom(n % 700) for n in range(1500)] + [b"", os.urandom(5 * MIB), b"x"]
+    writer = store.create("shard")
+    for payload in payloads:
+        writer.write(payload)
+    writer.commit()
+    assert (on_disk / "shard").read_bytes() == b"".join(payloads)
