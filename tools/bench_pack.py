@@ -34,15 +34,19 @@ def main() -> None:
     ensure_tree(args.work, args.files, args.classes, "random")
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
 
-    def run_tar(sync: bool) -> None:
+    def clear() -> None:
+        """An empty destination, the deletion settled (untimed): with ext4's ``discard`` the next
+        journal commit issues the freed blocks' discards, and only jobs that sync would pay them."""
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
+        subprocess.run(["sync", "-f", str(out)], check=True)
+
+    def run_tar(sync: bool) -> None:
         subprocess.run(["tar", "cf", str(out / "data.tar"), "-C", str(src), "."], check=True)
         if sync:
             subprocess.run(["sync", "-f", str(out / "data.tar")], check=True)
 
     def run_pack() -> None:
-        shutil.rmtree(out, ignore_errors=True)
         subprocess.run(
             [*DLFS, "-q", "pack", str(src), str(out), "--jobs", str(args.jobs)],
             check=True,
@@ -53,10 +57,12 @@ def main() -> None:
     modes = ["warm", *(["cold"] if can_drop_caches() else [])]
     times: dict[str, dict[str, list[float]]] = {mode: {name: [] for name in jobs} for mode in modes}
     for job in jobs.values():  # one untimed pass each so the warm runs start warm
+        clear()
         job()
     for mode in modes:
         for _ in range(args.repeat):
             for name, job in jobs.items():
+                clear()
                 if mode == "cold":
                     drop_caches()
                 times[mode][name].append(timed(job)[0])
