@@ -51,11 +51,9 @@ COALESCE_GAP = 256 << 10
 BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
 #: Storage reads up to this size go into a buffer each fetching thread reuses.
-REUSED_BUFFER = 1 << 20
+REUSED_BUFFER = 8 << 20
 #: Files the C loop reads, checks and pushes per call; between calls, waiting READs are looked after.
 NATIVE_FILES = 32
-#: The C loop's buffer each fetching thread keeps (a call's reads side by side: ~32 files).
-NATIVE_BUFFER = 8 << 20
 #: How far (in files, each way in storage order) a batch looks for neighbours it can take along.
 NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
@@ -484,25 +482,13 @@ class Prefetcher:
         assert self.native is not None
         started = time.thread_time()
         index = self.index
-        shards = index.shard[rows]
-        starts = index.offset[rows].astype(np.int64)
-        lengths = index.stored[rows].astype(np.int64)
-        ends = (starts + lengths).tolist()
-        by_place = np.lexsort((starts, shards)).tolist()
-        groups = self._groups(by_place, starts.tolist(), ends, shards.tolist(), positions.tolist())
+        groups, spans, _, _ = self._storage_reads(rows, positions)
         order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=rows.size)
         read_ends = np.cumsum([len(group) for group in groups], dtype=np.int32)
-        firsts = order[read_ends - [len(group) for group in groups]]
-        read_starts = starts[firsts]
-        reads = np.stack(
-            [
-                *self._descriptors[:, shards[firsts]],
-                read_starts,
-                np.array([max(ends[i] for i in group) for group in groups], dtype=np.int64) - read_starts,
-            ]
-        )
-        rows, positions, starts, lengths = rows[order], positions[order], starts[order], lengths[order]
-        checksums = index.checksum[rows]
+        read_rows, read_starts, read_lengths = np.array(spans, dtype=np.int64).T
+        reads = np.stack([*self._descriptors[:, index.shard[read_rows]], read_starts, read_lengths])
+        rows, positions = rows[order], positions[order]
+        starts, lengths, checksums = index.offset[rows], index.stored[rows], index.checksum[rows]
         deferred: list[np.ndarray] = []
         direct = False
         for first, last in self._chunks(read_ends):
@@ -512,7 +498,7 @@ class Prefetcher:
                 waited = np.array([row in self._waiting for row in rows[span].tolist()], dtype=bool)
                 self._pending.difference_update(rows[span][~waited].tolist())
             status, went_direct = self.native.push(
-                self._native_buffer(self.native.buffer_size(reads[2, first:last], reads[3, first:last])),
+                self._buffer(self.native.buffer_size(reads[2, first:last], reads[3, first:last])),
                 direct,
                 (*reads[:, first:last], read_ends[first:last] - done),
                 (starts[span], lengths[span], checksums[span], np.where(waited, -1, rows[span])),
@@ -592,6 +578,21 @@ class Prefetcher:
         groups.sort(key=lambda group: min(need[i] for i in group))
         return groups
 
+    def _storage_reads(
+        self, rows: np.ndarray, need: np.ndarray
+    ) -> tuple[list[list[int]], list[tuple[int, int, int]], list[int], list[int]]:
+        """How to read these files from storage: groups of indices into ``rows`` (see ``_groups``),
+        each group's read as (first row, shard offset, length), and each file's stored bytes as
+        shard offsets (start, end)."""
+        shard_column = self.index.shard[rows]
+        offset_column = self.index.offset[rows].astype(np.int64)
+        end_column = offset_column + self.index.stored[rows].astype(np.int64)
+        by_place = np.lexsort((offset_column, shard_column)).tolist()
+        row_list, offsets, ends = rows.tolist(), offset_column.tolist(), end_column.tolist()
+        groups = self._groups(by_place, offsets, ends, shard_column.tolist(), need.tolist())
+        spans = [(row_list[g[0]], offsets[g[0]], max(ends[i] for i in g) - offsets[g[0]]) for g in groups]
+        return groups, spans, offsets, ends
+
     def _load(
         self, rows: np.ndarray, need: np.ndarray
     ) -> Iterator[tuple[list[int], list[tuple[int, int, bytes | memoryview]]]]:
@@ -607,18 +608,12 @@ class Prefetcher:
         its reads overlap instead of queueing behind one another (cold, 8 readers: +20 % files/s).
         Announcing them always cost a warm read-ahead 10 %.
         """
-        shard_column = self.index.shard[rows]
-        offset_column = self.index.offset[rows].astype(np.int64)
-        end_column = offset_column + self.index.stored[rows].astype(np.int64)
-        by_place = np.lexsort((offset_column, shard_column)).tolist()
-        row_list, shards = rows.tolist(), shard_column.tolist()
-        offsets, ends = offset_column.tolist(), end_column.tolist()
-        groups = self._groups(by_place, offsets, ends, shards, need.tolist())
-        spans = [(row_list[g[0]], offsets[g[0]], max(ends[i] for i in g) - offsets[g[0]]) for g in groups]
+        groups, spans, offsets, ends = self._storage_reads(rows, need)
+        row_list = rows.tolist()
         hinted = False
         for k, (group, (first, begin, length)) in enumerate(zip(groups, spans, strict=True)):
             self.stats.storage_reads += 1
-            buffer = self._buffer(length)
+            buffer = memoryview(self._buffer(length))[:length]
             try:
                 got = self.reader.fetch_into(first, begin, buffer, wait=False)
                 if got is None:
@@ -628,7 +623,7 @@ class Prefetcher:
                         self._hint(spans[k:])
                     got = self.reader.fetch_into(first, begin, buffer)
             except DlfsError as exc:
-                log.warning("read-ahead of shard %d failed: %s", shards[group[0]], exc)
+                log.warning("read-ahead of shard %s failed: %s", self.index.shard_of(first), exc)
                 continue
             assert got is not None
             blob = buffer[:got]
@@ -648,25 +643,16 @@ class Prefetcher:
             with contextlib.suppress(DlfsError):  # the read of the same range reports it
                 self.reader.will_fetch(*span)
 
-    def _buffer(self, length: int) -> memoryview:
-        """Where a storage read goes: one buffer per thread, reused, for the usual read of a file or
-        a few. A fresh buffer per read cost page faults and allocator work on every file, in a
-        daemon short of CPU; a big read (block order coalesces megabytes) gets its own."""
+    def _buffer(self, length: int) -> np.ndarray:
+        """Where storage reads go: one buffer per thread, reused, grown to the largest asked for up
+        to ``REUSED_BUFFER`` (a Python read of a file or a few, a C call's reads side by side). A
+        fresh buffer per read cost page faults and allocator work on every file, in a daemon short
+        of CPU; a bigger read (block order coalesces megabytes) gets its own."""
         if length > REUSED_BUFFER:
-            return memoryview(bytearray(length))
-        buffer: memoryview | None = getattr(self._buffers, "buffer", None)
-        if buffer is None:
-            buffer = self._buffers.buffer = memoryview(bytearray(REUSED_BUFFER))
-        return buffer[:length]
-
-    def _native_buffer(self, length: int) -> np.ndarray:
-        """The C loop's buffer in this thread, grown to the largest call it was given up to
-        ``NATIVE_BUFFER``; a larger call (long runs of neighbours) gets its own."""
-        if length > NATIVE_BUFFER:
             return np.empty(length, dtype=np.uint8)
-        buffer: np.ndarray | None = getattr(self._buffers, "native", None)
+        buffer: np.ndarray | None = getattr(self._buffers, "buffer", None)
         if buffer is None or buffer.size < length:
-            buffer = self._buffers.native = np.empty(max(length, REUSED_BUFFER), dtype=np.uint8)
+            buffer = self._buffers.buffer = np.empty(max(length, 1 << 20), dtype=np.uint8)
         return buffer
 
     def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:

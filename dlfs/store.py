@@ -188,10 +188,10 @@ class LocalStore:
     def descriptor(self, name: str, direct: bool = False) -> int | None:
         try:
             return self._fd(name, direct)
-        except DatasetError:
-            raise
-        except OSError:  # say, a filesystem without direct I/O
-            return None
+        except OSError:
+            if not direct:
+                raise
+            return None  # say, a filesystem without direct I/O
 
     def _read_error(self, name: str, offset: int, exc: OSError) -> StoreError:
         return StoreError(f"reading {self.root / name} at {offset}: {exc.strerror}")
