@@ -53,7 +53,8 @@ BATCH_FILES = 256
 #: Storage reads up to this size go into a buffer each fetching thread reuses.
 REUSED_BUFFER = 8 << 20
 #: Files the C loop reads, checks and pushes per call; between calls, waiting READs are looked after.
-NATIVE_FILES = 32
+#: Each call costs about a millisecond of Python around it: 256 rather than 32 gave +9 % files/s.
+NATIVE_FILES = 256
 #: How far (in files, each way in storage order) a batch looks for neighbours it can take along.
 NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
@@ -491,7 +492,7 @@ class Prefetcher:
         starts, lengths, checksums = index.offset[rows], index.stored[rows], index.checksum[rows]
         deferred: list[np.ndarray] = []
         direct = False
-        for first, last in self._chunks(read_ends):
+        for first, last in self._chunks(read_ends, NativePusher.buffer_shares(read_starts, read_lengths)):
             done = int(read_ends[first - 1]) if first else 0
             span = slice(done, int(read_ends[last - 1]))
             with self._handoff:
@@ -514,13 +515,16 @@ class Prefetcher:
         return self._fetch_in_python(positions[again], rows[again], np.ones(again.size, dtype=bool))
 
     @staticmethod
-    def _chunks(read_ends: np.ndarray) -> Iterator[tuple[int, int]]:
-        """Runs of whole storage reads holding about ``NATIVE_FILES`` files each, as (first, last)."""
-        first = 0
+    def _chunks(read_ends: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, int]]:
+        """Runs of whole storage reads, as (first, last), each holding about ``NATIVE_FILES``
+        files and fitting the reused buffer (``sizes``: each read's share of the buffer), or a
+        single read."""
+        first, used = 0, np.concatenate([[0], np.cumsum(sizes)])
         while first < read_ends.size:
             done = int(read_ends[first - 1]) if first else 0
-            last = max(int(np.searchsorted(read_ends, done + NATIVE_FILES, side="left")) + 1, first + 1)
-            last = min(last, read_ends.size)
+            by_files = int(np.searchsorted(read_ends, done + NATIVE_FILES, side="left")) + 1
+            by_bytes = int(np.searchsorted(used, used[first] + REUSED_BUFFER, side="right")) - 1
+            last = min(max(min(by_files, by_bytes), first + 1), read_ends.size)
             yield first, last
             first = last
 

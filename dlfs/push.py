@@ -53,11 +53,16 @@ class NativePusher:
         return cls(fuse_fd, first_inode)
 
     @staticmethod
-    def buffer_size(offsets: np.ndarray, lengths: np.ndarray) -> int:
-        """The buffer ``push`` needs for these reads: all of them side by side, widened to
-        ``ALIGN`` boundaries, in case they are read directly."""
-        starts = offsets & -ALIGN
-        return int(((offsets + lengths + ALIGN - 1) & -ALIGN).sum() - starts.sum()) + ALIGN
+    def buffer_shares(offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Each read's room in the buffer ``push`` needs, in case it is read directly: widened to
+        ``ALIGN`` boundaries."""
+        return ((offsets + lengths + ALIGN - 1) & -ALIGN) - (offsets & -ALIGN)
+
+    @classmethod
+    def buffer_size(cls, offsets: np.ndarray, lengths: np.ndarray) -> int:
+        """The buffer ``push`` needs for these reads: all of them side by side, and room to align
+        the first."""
+        return int(cls.buffer_shares(offsets, lengths).sum()) + ALIGN
 
     def push(
         self,
