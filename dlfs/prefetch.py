@@ -40,7 +40,7 @@ from dlfs import format as fmt
 from dlfs.control import Reading
 from dlfs.errors import DlfsError
 from dlfs.index import Index
-from dlfs.push import NativePusher
+from dlfs.push import ALIGN, NativePusher
 from dlfs.reader import Reader
 
 log = logging.getLogger(__name__)
@@ -50,10 +50,10 @@ COALESCE_GAP = 256 << 10
 #: One fetch task covers up to this many bytes of upcoming files.
 BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
-#: Storage reads up to this size go into a buffer each fetching thread reuses.
+#: Storage reads up to this size go into a buffer a batch borrows from a pool (one per batch in flight).
 REUSED_BUFFER = 8 << 20
 #: Files the C loop reads, checks and pushes per call; between calls, waiting READs are looked after.
-#: Each call costs about a millisecond of Python around it: 256 rather than 32 gave +9 % files/s.
+#: Each call costs about a millisecond of Python around it: 256 rather than 32 gave +15 % files/s.
 NATIVE_FILES = 256
 #: How far (in files, each way in storage order) a batch looks for neighbours it can take along.
 NEIGHBOURS = 64
@@ -164,7 +164,8 @@ class Prefetcher:
         self.reveal = reveal
         self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from our listing
         self._listing = threading.Lock()
-        self._buffers = threading.local()  # each fetching thread's storage read buffer
+        self._buffers = threading.local()  # the buffer a fetching thread holds for its batch
+        self._spare_buffers: list[np.ndarray] = []  # of those, the ones no batch holds now
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -409,6 +410,12 @@ class Prefetcher:
         Files the C loop can push (see ``dlfs.push``) go there; the rest (sentinels, compressed or
         big files, a store without descriptors) take the Python path.
         """
+        with self._buffer_lent():
+            return self._fetch_batch(positions, rows, sentinel)
+
+    def _fetch_batch(
+        self, positions: np.ndarray, rows: np.ndarray, sentinel: np.ndarray
+    ) -> list[tuple[int, bytes]]:
         self._reveal_dirs(rows)
         pushable = np.flatnonzero(~sentinel)  # positions come sorted
         if self._in_kernel(rows[pushable[[0, -1]]] if pushable.size else pushable):
@@ -517,13 +524,13 @@ class Prefetcher:
     @staticmethod
     def _chunks(read_ends: np.ndarray, sizes: np.ndarray) -> Iterator[tuple[int, int]]:
         """Runs of whole storage reads, as (first, last), each holding about ``NATIVE_FILES``
-        files and fitting the reused buffer (``sizes``: each read's share of the buffer), or a
-        single read."""
+        files and fitting the reused buffer with room to align (``sizes``: each read's share of
+        it), or a single read."""
         first, used = 0, np.concatenate([[0], np.cumsum(sizes)])
         while first < read_ends.size:
             done = int(read_ends[first - 1]) if first else 0
             by_files = int(np.searchsorted(read_ends, done + NATIVE_FILES, side="left")) + 1
-            by_bytes = int(np.searchsorted(used, used[first] + REUSED_BUFFER, side="right")) - 1
+            by_bytes = int(np.searchsorted(used, used[first] + REUSED_BUFFER - ALIGN, side="right")) - 1
             last = min(max(min(by_files, by_bytes), first + 1), read_ends.size)
             yield first, last
             first = last
@@ -647,17 +654,31 @@ class Prefetcher:
             with contextlib.suppress(DlfsError):  # the read of the same range reports it
                 self.reader.will_fetch(*span)
 
+    @contextlib.contextmanager
+    def _buffer_lent(self) -> Iterator[None]:
+        """Lend this thread a ``REUSED_BUFFER`` for its batch's storage reads.
+
+        A fresh buffer per read cost page faults and allocator work on every file, in a daemon
+        short of CPU (one per C call: 0.12 s of 3 in a cold epoch). Buffers go back to a pool
+        when the batch is done, so there are never more than batches in flight, whichever of
+        trio's worker threads runs them.
+        """
+        with self._handoff:
+            buffer = self._spare_buffers.pop() if self._spare_buffers else None
+        self._buffers.buffer = np.empty(REUSED_BUFFER, dtype=np.uint8) if buffer is None else buffer
+        try:
+            yield
+        finally:
+            with self._handoff:
+                self._spare_buffers.append(self._buffers.buffer)
+            del self._buffers.buffer
+
     def _buffer(self, length: int) -> np.ndarray:
-        """Where storage reads go: one buffer per thread, reused, grown to the largest asked for up
-        to ``REUSED_BUFFER`` (a Python read of a file or a few, a C call's reads side by side). A
-        fresh buffer per read cost page faults and allocator work on every file, in a daemon short
-        of CPU; a bigger read (block order coalesces megabytes) gets its own."""
-        if length > REUSED_BUFFER:
-            return np.empty(length, dtype=np.uint8)
-        buffer: np.ndarray | None = getattr(self._buffers, "buffer", None)
-        if buffer is None or buffer.size < length:
-            buffer = self._buffers.buffer = np.empty(max(length, 1 << 20), dtype=np.uint8)
-        return buffer
+        """Where storage reads go (a Python read of a file or a few, a C call's reads side by
+        side): the buffer lent to this thread, or for a bigger read (block order coalesces
+        megabytes) one of its own."""
+        buffer: np.ndarray = self._buffers.buffer
+        return buffer if length <= buffer.size else np.empty(length, dtype=np.uint8)
 
     def _decode(self, row: int, stored: memoryview) -> bytes | memoryview | None:
         """A verified file, or None: too big to hold whole, or damaged (its own read fails with EIO)."""
