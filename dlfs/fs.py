@@ -201,6 +201,7 @@ class DlfsOperations(pyfuse3.Operations):
                 next_id = child - rows.start + len(DOTS) + 1
                 if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
                     return
+                self._listed(range(child, child + 1), plus)
 
     def _readdir_encoded(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> None:
         """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
@@ -217,7 +218,13 @@ class DlfsOperations(pyfuse3.Operations):
             )
             if count == 0 or not pyfuse3.readdir_reply_raw(token, records):
                 return
+            self._listed(range(start, start + count), plus)
             start += count
+
+    def _listed(self, rows: range, plus: bool) -> None:
+        """Entries with attributes make the kernel know the inodes, which a push needs."""
+        if plus and self.prefetcher is not None:
+            self.prefetcher.listed(rows)
 
     async def _control_readdir(self, inode: int, start_id: int, token: ReaddirToken) -> None:
         listing = [(b".", inode), (b"..", self.control.lookup(inode, b"..")), *self.control.entries(inode)]

@@ -5,8 +5,9 @@ the next ``budget`` bytes of files fetched from storage, verified, and pushed in
 cache with ``notify_store``. The reader's ``open``/``read`` of a pushed file then never reaches the
 daemon at all. Where the kernel does not know a file's inode yet (it was never looked up), the push
 is refused. So before fetching, the engine lists the files' directories through the mount, which
-makes the kernel learn every entry at once (READDIRPLUS); a directory is listed again only after the
-kernel forgot one of its entries (``drop_caches``, memory pressure) and told the daemon so. A file
+makes the kernel learn every entry at once (READDIRPLUS), unless a listing with attributes taught it
+them already (a training job's ImageFolder scan); a directory is listed again only after the kernel
+forgot one of its entries (``drop_caches``, memory pressure) and told the daemon so. A file
 still refused waits in the daemon's cache for the read instead.
 
 The reader's position is learned from the reads that do reach the daemon. Because pushed files are
@@ -162,7 +163,7 @@ class Prefetcher:
         self.native: NativePusher | None = None
         self.in_kernel = in_kernel
         self.reveal = reveal
-        self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from our listing
+        self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from a listing
         self._listing = threading.Lock()
         self._buffers = threading.local()  # the buffer a fetching thread holds for its batch
         self._spare_buffers: list[np.ndarray] = []  # of those, the ones no batch holds now
@@ -291,6 +292,11 @@ class Prefetcher:
         if woken:
             trio.from_thread.run_sync(_set_all, woken)
         return set(handed)
+
+    def listed(self, rows: range) -> None:
+        """A READDIRPLUS reply taught the kernel these entries (a training job's ImageFolder scan,
+        say): the read-ahead need not list their directory again before pushing them."""
+        self._known[rows.start : rows.stop] = True
 
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries, and with them any pages pushed for them.

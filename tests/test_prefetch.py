@@ -204,6 +204,24 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
+def test_entries_a_scan_listed_are_pushed_without_listing_them_again(tmp_path: Path, mount) -> None:
+    """A training job scans its classes first (ImageFolder); those listings carry attributes, so
+    the kernel knows every inode and the read-ahead can push at once."""
+    src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+        mnt = Path(mnt)
+        for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name):
+            list(os.scandir(class_dir.path))
+        paths = _published(mnt, "epoch-0")
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        data = _read_all(paths)
+        prefetch = _stats(mnt)["prefetch"]
+    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+    assert prefetch["revealed_dirs"] == 0 and prefetch["push_refused"] == 0, prefetch
+    assert prefetch["pushed_files"] > 0.95 * len(paths), prefetch
+
+
 def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) -> None:
     """Pushed files the kernel forgets before the reader comes (memory pressure) are pushed again."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
