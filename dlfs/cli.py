@@ -300,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefetch-inflight",
         type=int,
-        default=8,
-        help="storage batches the read-ahead keeps in flight (default 8)",
+        default=16,
+        help="storage batches the read-ahead keeps in flight (default 16)",
     )
     p.add_argument(
         "--readdirplus",

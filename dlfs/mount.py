@@ -38,7 +38,9 @@ class MountOptions:
     block: int = 64
     window: int = 4096
     prefetch_budget: int = 512 << 20
-    prefetch_inflight: int = 8
+    # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
+    # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
+    prefetch_inflight: int = 16
     readdirplus: str = "always"
 
 

@@ -151,7 +151,7 @@ class Prefetcher:
         reader: Reader,
         push: Push | None,
         budget: int = 512 << 20,
-        max_inflight: int = 8,
+        max_inflight: int = 16,
         sentinel_every: int = 64,
         in_kernel: InKernel | None = None,
         reveal: Reveal | None = None,
