@@ -24,6 +24,7 @@ batches run at once; bytes ahead of the reader never exceed the budget.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
@@ -166,7 +167,7 @@ class Prefetcher:
         self._known = np.zeros(index.count, dtype=bool)  # the kernel learnt it from a listing
         self._listing = threading.Lock()
         self._buffers = threading.local()  # the buffer a fetching thread holds for its batch
-        self._spare_buffers: list[np.ndarray] = []  # of those, the ones no batch holds now
+        self._spare_buffers: collections.deque[np.ndarray] = collections.deque()  # held by no batch now
         self.budget = budget
         self.max_inflight = max_inflight
         self.sentinel_every = sentinel_every
@@ -666,17 +667,17 @@ class Prefetcher:
 
         A fresh buffer per read cost page faults and allocator work on every file, in a daemon
         short of CPU (one per C call: 0.12 s of 3 in a cold epoch). Buffers go back to a pool
-        when the batch is done, so there are never more than batches in flight, whichever of
-        trio's worker threads runs them.
+        when the batch is done, so there are never more buffers than batches in flight,
+        whichever of trio's worker threads runs them.
         """
-        with self._handoff:
-            buffer = self._spare_buffers.pop() if self._spare_buffers else None
-        self._buffers.buffer = np.empty(REUSED_BUFFER, dtype=np.uint8) if buffer is None else buffer
+        try:
+            self._buffers.buffer = self._spare_buffers.pop()  # deque: safe across threads
+        except IndexError:
+            self._buffers.buffer = np.empty(REUSED_BUFFER, dtype=np.uint8)
         try:
             yield
         finally:
-            with self._handoff:
-                self._spare_buffers.append(self._buffers.buffer)
+            self._spare_buffers.append(self._buffers.buffer)
             del self._buffers.buffer
 
     def _buffer(self, length: int) -> np.ndarray:
