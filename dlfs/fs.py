@@ -183,8 +183,10 @@ class DlfsOperations(pyfuse3.Operations):
         row = self._check(fh)
         rows = self.index.children(row)
         for position in range(start_id, len(DOTS)):
+            # Bare even in READDIRPLUS: the kernel takes no attributes from '.' and '..' entries.
             target = row if position == 0 else int(self.index.parent[row])
-            if not pyfuse3.readdir_reply(token, FileNameT(DOTS[position]), self._entry(target), position + 1):
+            entry = self._bare_entry(target, self.index.mode.item(target))
+            if not pyfuse3.readdir_reply(token, FileNameT(DOTS[position]), entry, position + 1):
                 return
         first = max(start_id - len(DOTS), 0)
         plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS

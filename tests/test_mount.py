@@ -72,6 +72,21 @@ def test_ls_long_lists_dot_entries_and_children(packed: Path, mount) -> None:
         assert out[1].startswith("dr-x") or out[1].startswith("drwx")
 
 
+def test_dot_entries_stat_as_the_directories_they_name(packed: Path, odd_tree: Path, mount) -> None:
+    """Listings carry '.' and '..' without attributes (the kernel takes none from them); stat
+    through them still gives the directories' own."""
+    with mount(packed) as mnt:
+        listed = Path(mnt) / "classes" / "n00000001"
+        list(os.scandir(listed))  # the first listing on a fresh mount: READDIRPLUS
+        for dots, source in ((".", odd_tree / "classes" / "n00000001"), ("..", odd_tree / "classes")):
+            got, want = os.stat(listed / dots), os.stat(source)
+            assert (got.st_mode, got.st_nlink, got.st_mtime_ns) == (
+                want.st_mode,
+                want.st_nlink,
+                want.st_mtime_ns,
+            )
+
+
 def test_statfs_reports_dataset_size_and_entry_count(packed: Path, mount) -> None:
     with mount(packed) as mnt:
         st = os.statvfs(mnt)
