@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING
 
 from dlfs import __version__
 from dlfs.errors import DlfsError
+from dlfs.mount import MountOptions
+
+#: ``dlfs mount``'s flag defaults: the options' own, so the two never disagree.
+MOUNT_DEFAULTS = MountOptions()
 
 if TYPE_CHECKING:  # the CLI imports numpy-backed modules only for the commands that need them
     from dlfs.index import Index
@@ -74,7 +78,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
-    from dlfs.mount import MountOptions, spawn
+    from dlfs.mount import spawn
 
     options = MountOptions(
         cache_size=args.cache_size,
@@ -266,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pack)
 
     p = sub.add_parser("mount", help="mount a dataset read-only")
+    d, D = MOUNT_DEFAULTS, "(default %(default)s)"  # each flag's default is MountOptions' own
     p.add_argument("dataset", help="the dataset directory written by dlfs pack")
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument(
@@ -275,41 +280,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-size",
         type=parse_size,
-        default="256M",
-        help="RAM for file payloads in the daemon (default 256M)",
+        default=f"{d.cache_size >> 20}M",
+        help=f"RAM for file payloads in the daemon {D}",
     )
-    p.add_argument("--threads", type=int, default=16, help="concurrent storage reads (default 16)")
+    p.add_argument("--threads", type=int, default=d.threads, help=f"concurrent storage reads {D}")
     p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
-    p.add_argument("--seed", type=int, default=0, help="seed of the published epoch orders (default 0)")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the published epoch orders {D}")
     p.add_argument(
         "--order",
         choices=("full", "block"),
-        default="full",
-        help="published order: uniform shuffle, or block-wise for slow media (default full)",
+        default=d.order,
+        help=f"published order: uniform shuffle, or block-wise for slow media {D}",
     )
-    p.add_argument("--block", type=int, default=64, help="files per run in --order block (default 64)")
-    p.add_argument("--window", type=int, default=4096, help="shuffle window in --order block (default 4096)")
+    p.add_argument("--block", type=int, default=d.block, help=f"files per run in --order block {D}")
+    p.add_argument("--window", type=int, default=d.window, help=f"shuffle window in --order block {D}")
     p.add_argument(
         "--prefetch-budget",
         type=parse_size,
-        default="512M",
-        help="bytes read ahead of each reader; 0 turns read-ahead off (default 512M)",
+        default=f"{d.prefetch_budget >> 20}M",
+        help=f"bytes read ahead of each reader; 0 turns read-ahead off {D}",
     )
     p.add_argument(
         "--prefetch-inflight",
         type=int,
-        default=16,
-        help="storage batches the read-ahead keeps in flight (default 16)",
+        default=d.prefetch_inflight,
+        help=f"storage batches the read-ahead keeps in flight {D}",
     )
     p.add_argument(
         "--readdirplus",
         choices=("always", "auto"),
-        default="always",
+        default=d.readdirplus,
         help="always: listings carry attributes, so after a scan the read-ahead can push every file "
         "(best for training); auto: names only unless a stat follows (fastest first find over "
-        "millions of files) (default always)",
+        f"millions of files) {D}",
     )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_mount)

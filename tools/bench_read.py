@@ -75,7 +75,7 @@ def main() -> None:
         "native": (None, 1),
         "dlfs read-ahead": ([], 1),
         "dlfs no read-ahead": (["--prefetch-budget", "0"], 1),
-        # Epoch 2 of one mount, after epoch 1 put the dataset in the mount's page cache (it fits in RAM).
+        # Epoch 1 of one mount, after epoch 0 put the dataset in the mount's page cache (it fits in RAM).
         "dlfs read-ahead 2nd epoch": ([], 2),
     }
     results: dict[str, dict[str, dict[str, float]]] = {}
