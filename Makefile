@@ -6,8 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train clean
 
-# The read-ahead's C loop (dlfs/_push.c), loaded with ctypes; without it dlfs reads ahead in Python.
-NATIVE := dlfs/_push.so
+# C loops loaded with ctypes: the read-ahead's (dlfs/_push.c) and the directory listings'
+# (dlfs/_dirents.c). Without them dlfs does the same work in Python and numpy, slower.
+NATIVE := dlfs/_push.so dlfs/_dirents.so
+SHARED := cc -O2 -Wall -Wextra -Werror -fPIC -shared
 
 install: $(STAMP) $(NATIVE)
 
@@ -18,8 +20,11 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench]'
 	touch $@
 
-$(NATIVE): dlfs/_push.c $(STAMP)
-	cc -O2 -Wall -Wextra -Werror -fPIC -shared -o $@ $< -lxxhash -lpthread
+dlfs/_push.so: dlfs/_push.c $(STAMP)
+	$(SHARED) -o $@ $< -lxxhash -lpthread
+
+dlfs/_dirents.so: dlfs/_dirents.c $(STAMP)
+	$(SHARED) -o $@ $<
 
 test: install
 	$(BIN)/ruff check dlfs tests tools

@@ -1,20 +1,30 @@
-"""Directory listings in the kernel's FUSE wire format, encoded many entries per numpy step.
+"""Directory listings in the kernel's FUSE wire format, a run of entries per call.
 
 A READDIR reply is a buffer of records: ``struct fuse_dirent`` (inode, offset of the next entry,
 name length, type) and the name, padded to 8 bytes; READDIRPLUS puts a ``struct fuse_entry_out``
 (inode, generation, timeouts, ``struct fuse_attr``) before each. libfuse fills one record per
 call, and at one Python call and one ``EntryAttributes`` per entry, listings took the daemon
 5-15 µs per entry: most of a cold ``find`` or ImageFolder scan over a million files. Here a run of
-consecutive index rows (a directory's children) becomes records in a few array operations, handed
-to the patched pyfuse3's ``readdir_reply_raw``.
+consecutive index rows (a directory's children) becomes records in one call, handed to the patched
+pyfuse3's ``readdir_reply_raw``: a loop in C (``_dirents.c``, a few ns per entry) when it is built,
+else a few numpy array operations (~1-2 µs per entry, most of it per-call overhead).
 """
 
 from __future__ import annotations
+
+import ctypes
+import logging
+import stat
+from pathlib import Path
 
 import numpy as np
 
 from dlfs import format as fmt
 from dlfs.index import Index
+
+log = logging.getLogger(__name__)
+
+LIBRARY = Path(__file__).with_name("_dirents.so")
 
 #: struct fuse_dirent, without the name that follows it.
 DIRENT = np.dtype([("ino", "=u8"), ("off", "=u8"), ("namelen", "=u4"), ("type", "=u4")])
@@ -60,12 +70,13 @@ def encode(
     plus: bool,
     inode_base: int,
     timeout: float,
-    blksize: int,
+    blksize: tuple[int, int],
 ) -> tuple[np.ndarray, int]:
     """Records for the leading ``rows`` that fit in ``space`` bytes, and how many rows that is.
 
     Row ``rows.start + k`` gets inode ``row + inode_base`` and says the listing continues at
-    offset ``first_next + k``. ``plus`` adds attributes valid for ``timeout`` seconds.
+    offset ``first_next + k``. ``plus`` adds attributes valid for ``timeout`` seconds, with
+    ``blksize`` (files, directories) as the block size.
     """
     rows = range(rows.start, min(rows.stop, rows.start + space // MIN_RECORD))
     bounds = index.name_off[rows.start : rows.stop + 1].astype(np.int64)
@@ -98,7 +109,9 @@ def encode(
     return out, count
 
 
-def _entries(index: Index, rows: range, inodes: np.ndarray, timeout: float, blksize: int) -> np.ndarray:
+def _entries(
+    index: Index, rows: range, inodes: np.ndarray, timeout: float, blksize: tuple[int, int]
+) -> np.ndarray:
     mode, nlink, uid, gid, size, blocks, mtime = index.attrs_columns(rows)
     entry = np.zeros(len(rows), ENTRY_OUT)
     entry["nodeid"] = entry["ino"] = inodes
@@ -109,7 +122,8 @@ def _entries(index: Index, rows: range, inodes: np.ndarray, timeout: float, blks
         entry[field] = seconds
         entry[field + "nsec"] = nanoseconds
     entry["mode"], entry["nlink"], entry["uid"], entry["gid"] = mode, nlink, uid, gid
-    entry["size"], entry["blocks"], entry["blksize"] = size, blocks, blksize
+    entry["size"], entry["blocks"] = size, blocks
+    entry["blksize"] = np.where(mode & fmt.TYPE_MASK == stat.S_IFDIR, blksize[1], blksize[0])
     return entry
 
 
@@ -122,3 +136,88 @@ def _scatter(out: np.ndarray, starts: np.ndarray, records: np.ndarray) -> None:
     width = records.dtype.itemsize // WORD
     words = out.view(np.uint64)
     words[(starts // WORD)[:, None] + np.arange(width)] = records.view(np.uint64).reshape(-1, width)
+
+
+class _Columns(ctypes.Structure):
+    """``struct columns`` of ``_dirents.c``: where the index's columns lie in memory."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in ("name_off", "names", "mode", "uid", "gid", "size", "stored", "mtime")
+    ]
+
+
+class _Reply(ctypes.Structure):
+    """``struct reply`` of ``_dirents.c``: what every entry of a mount's listings shares."""
+
+    _fields_ = [
+        ("inode_base", ctypes.c_uint64),
+        ("valid", ctypes.c_uint64),
+        ("valid_nsec", ctypes.c_uint32),
+        ("file_blksize", ctypes.c_uint32),
+        ("dir_blksize", ctypes.c_uint32),
+    ]
+
+
+class Encoder:
+    """``encode`` for one index and one mount's settings: in C when ``_dirents.so`` is built (and
+    the index's little-endian columns are the host's order), with numpy otherwise."""
+
+    def __init__(
+        self,
+        index: Index,
+        inode_base: int,
+        timeout: float,
+        blksize: tuple[int, int],
+        library: Path | None = LIBRARY,
+    ) -> None:
+        self.index = index
+        self.inode_base = inode_base
+        self.timeout = timeout
+        self.blksize = blksize
+        self._call = self._bind(library) if library is not None else None
+
+    @property
+    def native(self) -> bool:
+        return self._call is not None
+
+    def _bind(self, library: Path) -> ctypes._CFuncPtr | None:
+        if not library.exists():
+            log.info("%s is not built (make install builds it): listing directories with numpy", library.name)
+            return None
+        columns = {name: getattr(self.index, name) for name, _ in _Columns._fields_}
+        if not all(c.flags.c_contiguous and c.dtype.isnative for c in columns.values()):
+            return None
+        self._columns = _Columns(**{name: column.ctypes.data for name, column in columns.items()})
+        self._reply = _Reply(
+            self.inode_base,
+            int(self.timeout),
+            int((self.timeout % 1) * 1e9),
+            *self.blksize,
+        )
+        call = ctypes.CDLL(str(library)).dlfs_encode_dirents
+        call.restype = ctypes.c_int64
+        call.argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int,
+            ctypes.POINTER(_Columns), ctypes.POINTER(_Reply), ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+        ]  # fmt: skip
+        return call
+
+    def encode(self, rows: range, first_next: int, space: int, plus: bool) -> tuple[np.ndarray, int]:
+        """As the module's ``encode``, with this mount's inode base, timeout and block sizes."""
+        if self._call is None:
+            return encode(
+                self.index, rows, first_next, space, plus, self.inode_base, self.timeout, self.blksize
+            )
+        head = DIRENT.itemsize + (ENTRY_OUT.itemsize if plus else 0)
+        rows = range(rows.start, min(rows.stop, rows.start + space // (head + WORD)))
+        # Room for every candidate, each padded by at most a word, but never more than ``space``.
+        names = int(self.index.name_off[rows.stop]) - int(self.index.name_off[rows.start])
+        out = np.empty(min(space, names + len(rows) * (head + WORD)), dtype=np.uint8)
+        nlink = self.index.link_counts(rows) if plus else None
+        used = ctypes.c_int64()
+        count = self._call(
+            out.ctypes.data, out.size, rows.start, rows.stop, first_next, plus, self._columns, self._reply,
+            None if nlink is None else nlink.ctypes.data, used,
+        )  # fmt: skip
+        return out[: used.value], int(count)

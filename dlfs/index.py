@@ -189,21 +189,25 @@ class Index:
         kind = self._kind[window]
         used = np.where(kind == stat.S_IFREG, self.stored[window], 0)
         used = np.where(kind == stat.S_IFDIR, self.size[window], used)
-        nlink = np.ones(len(rows), dtype=np.int64)
-        for offset in np.flatnonzero(kind == stat.S_IFDIR).tolist():
-            children = self.children(rows.start + offset)
-            subdirs = self._kind[children.start : children.stop] == stat.S_IFDIR
-            nlink[offset] = 2 + int(np.count_nonzero(subdirs))
         blocks = (used + (BLOCK - 1)) // BLOCK
         return (
             self.mode[window],
-            nlink,
+            self.link_counts(rows),
             self.uid[window],
             self.gid[window],
             self.size[window],
             blocks,
             self.mtime[window],
         )
+
+    def link_counts(self, rows: range) -> np.ndarray:
+        """Link counts of consecutive rows: 1 for a file, 2 + its subdirectories for a directory."""
+        nlink = np.ones(len(rows), dtype=np.int64)
+        for offset in np.flatnonzero(self._kind[rows.start : rows.stop] == stat.S_IFDIR).tolist():
+            children = self.children(rows.start + offset)
+            subdirs = self._kind[children.start : children.stop] == stat.S_IFDIR
+            nlink[offset] = 2 + int(np.count_nonzero(subdirs))
+        return nlink
 
     def attrs_run(self, rows: range) -> list[Attrs]:
         """Attributes of consecutive rows (``attrs_columns``) as one ``Attrs`` per row."""

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dlfs import dirents
 from dlfs.index import Index
@@ -44,14 +45,25 @@ def _decode(records: bytes, plus: bool) -> list[dict[str, object]]:
     return out
 
 
-def test_records_carry_what_the_index_says(packed: Path) -> None:
+BLKSIZE = (4096, 1 << 20)
+
+
+def _encoder(index: Index, native: bool) -> dirents.Encoder:
+    encoder = dirents.Encoder(index, 1, 3600.0, BLKSIZE, dirents.LIBRARY if native else None)
+    assert encoder.native == native, "make install builds dlfs/_dirents.so"
+    return encoder
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c", "numpy"])
+def test_records_carry_what_the_index_says(packed: Path, native: bool) -> None:
     index = Index.load(open_store(packed))
+    encoder = _encoder(index, native)
     for plus in (False, True):
         for directory in range(index.count):
             rows = index.children(directory)
             if not rows:
                 continue
-            records, count = dirents.encode(index, rows, 10, 1 << 20, plus, 1, 3600.0, 4096)
+            records, count = encoder.encode(rows, 10, 1 << 20, plus)
             assert count == len(rows)
             decoded = _decode(records.tobytes(), plus)
             attrs = index.attrs_run(rows)
@@ -62,21 +74,38 @@ def test_records_carry_what_the_index_says(packed: Path) -> None:
                 if plus:
                     a = attrs[k]
                     assert entry["nodeid"] == row + 1 and entry["entry_valid"] == entry["attr_valid"] == 3600
-                    expected = (row + 1, a.size, a.blocks, a.mtime_ns, a.mode, a.nlink, a.uid, a.gid, 4096)
+                    blksize = BLKSIZE[1] if stat.S_ISDIR(a.mode) else BLKSIZE[0]
+                    expected = (row + 1, a.size, a.blocks, a.mtime_ns, a.mode, a.nlink, a.uid, a.gid, blksize)
                     assert entry["attrs"] == expected
 
 
-def test_only_whole_records_that_fit_are_encoded(packed: Path) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["c", "numpy"])
+def test_only_whole_records_that_fit_are_encoded(packed: Path, native: bool) -> None:
     index = Index.load(open_store(packed))
+    encoder = _encoder(index, native)
     many = index.resolve(b"many")
     assert many is not None
     rows = index.children(many)
-    whole, count = dirents.encode(index, rows, 0, 1 << 20, True, 1, 1.0, 4096)
+    whole, count = encoder.encode(rows, 0, 1 << 20, True)
     assert count == len(rows) > 100
     ends = np.cumsum(
         [(dirents.ENTRY_OUT.itemsize + dirents.DIRENT.itemsize + len(index.name(r)) + 7) & ~7 for r in rows]
     )
     space = int(ends[40]) + 5  # room for 41 records and a few bytes
-    part, count = dirents.encode(index, rows, 0, space, True, 1, 1.0, 4096)
+    part, count = encoder.encode(rows, 0, space, True)
     assert count == 41 and part.tobytes() == whole.tobytes()[: int(ends[40])]
-    assert dirents.encode(index, rows, 0, int(ends[0]) - 1, True, 1, 1.0, 4096)[1] == 0
+    assert encoder.encode(rows, 0, int(ends[0]) - 1, True)[1] == 0
+
+
+def test_the_c_loop_writes_the_bytes_numpy_writes(packed: Path) -> None:
+    """Padding included, for every directory, reply size and resume point."""
+    index = Index.load(open_store(packed))
+    native, numpy = _encoder(index, True), _encoder(index, False)
+    for directory in range(index.count):
+        rows = index.children(directory)
+        for start in {rows.start, (rows.start + rows.stop) // 2}:
+            for plus in (False, True):
+                for space in (0, 100, 4096, 1 << 20):
+                    args = (range(start, rows.stop), 7, space, plus)
+                    (a, count_a), (b, count_b) = native.encode(*args), numpy.encode(*args)
+                    assert count_a == count_b and a.tobytes() == b.tobytes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import threading
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, find_listing, make_odd_tree, write
+
+from dlfs import fs
 
 
 def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
@@ -264,6 +267,24 @@ def test_unicode_and_non_utf8_names_survive(tmp_path: Path, mount) -> None:
         assert "ünïcødé-名前.txt".encode() in names
         assert b"new\nline.txt" in names
         assert (Path(mnt) / "new\nline.txt").read_bytes() == b"newline in name\n"
+
+
+def test_a_class_folder_is_listed_in_one_round_trip_and_one_to_find_its_end(tmp_path: Path, mount) -> None:
+    """Directories report a 1 MiB block size: glibc's opendir takes it as its getdents buffer, and
+    the kernel sizes each READDIR by that buffer. With the default 4 KiB, a thousand entries with
+    attributes took seven requests."""
+    names = {f"n01440764_{k:05d}.JPEG" for k in range(1000)}
+    for name in names:
+        write(tmp_path / "src" / "n01440764" / name, b"x")
+    dlfs("pack", tmp_path / "src", tmp_path / "ds")
+    with mount(tmp_path / "ds") as mnt:
+        folder = Path(mnt) / "n01440764"
+        assert folder.stat().st_blksize == fs.LISTING_BLOCK
+        assert (folder / "n01440764_00000.JPEG").stat().st_blksize == fs.STATFS_BLOCK
+        before = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())["requests"].get("readdir", 0)
+        assert set(os.listdir(folder)) == names
+        after = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())["requests"]["readdir"]
+        assert after - before == 2
 
 
 @pytest.mark.parametrize("readdirplus", ["always", "auto"])

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 from pathlib import Path
 
 import pyfuse3
 import pytest
 import trio
+from conftest import dlfs, write
 
-from dlfs import fs
+from dlfs import dirents, fs
 from dlfs.cache import PayloadCache
 from dlfs.control import ControlTree
 from dlfs.fs import DlfsOperations
@@ -20,13 +22,17 @@ from dlfs.reader import Reader
 from dlfs.store import LocalStore
 
 
-@pytest.fixture
-def ops(packed: Path) -> DlfsOperations:
-    store = LocalStore(packed)
+def _operations(dataset: Path) -> DlfsOperations:
+    store = LocalStore(dataset)
     index = Index.load(store)
     return DlfsOperations(
         index, Reader(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
     )
+
+
+@pytest.fixture
+def ops(packed: Path) -> DlfsOperations:
+    return _operations(packed)
 
 
 def _run(fn, *args):  # type: ignore[no-untyped-def]
@@ -119,3 +125,62 @@ def test_cache_never_exceeds_its_budget() -> None:
     cache.put(99, bytes(5000))
     assert cache.get(99) is None and cache.used <= 1000
     assert cache.evictions > 0
+
+
+class _Token:
+    """Stands in for pyfuse3's ReaddirToken: the room left in the reply, the kind of request, and
+    what was put in it."""
+
+    def __init__(self, size: int, plus: bool) -> None:
+        self.size, self.plus, self.names = size, plus, []
+
+    def take(self, records: bytes) -> None:
+        head = dirents.DIRENT.itemsize + (dirents.ENTRY_OUT.itemsize if self.plus else 0)
+        at = 0
+        while at < len(records):
+            (namelen,) = struct.unpack_from("=I", records, at + head - 8)
+            self.names.append(records[at + head : at + head + namelen])
+            at += (head + namelen + 7) & ~7
+        self.size -= len(records)
+
+
+def _list(ops: DlfsOperations, inode: int, token: _Token, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    def raw(token: _Token, records) -> bool:  # type: ignore[no-untyped-def]
+        if records.size > token.size:
+            return False
+        token.take(records.tobytes())
+        return True
+
+    def dot(token: _Token, name: bytes, entry: object, next_id: int) -> bool:
+        token.names.append(name)
+        return True
+
+    monkeypatch.setattr(pyfuse3, "readdir_reply_raw", raw, raising=False)
+    monkeypatch.setattr(pyfuse3, "readdir_reply", dot)
+    _run(ops.readdir, inode, 0, token)
+    return token.names
+
+
+@pytest.mark.parametrize(
+    ("auto", "plus", "whole"), [(False, True, True), (True, False, True), (True, True, False)]
+)
+def test_a_listing_fills_the_reply_except_attributes_asked_for_by_auto_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto: bool, plus: bool, whole: bool
+) -> None:
+    """In READDIRPLUS_AUTO mode the kernel asks for attributes with a listing's first request only,
+    as a probe; a whole listing in that reply would make it build an inode per entry."""
+    names = [f"image-{k:05d}.JPEG".encode() for k in range(1000)]
+    for name in names:
+        write(tmp_path / "src" / "cls" / name.decode(), b"x")
+    dlfs("pack", tmp_path / "src", tmp_path / "ds")
+    ops = _operations(tmp_path / "ds")
+    ops.readdirplus_auto = auto
+    cls = ops.index.resolve(b"cls")
+    assert cls is not None
+    listed = _list(ops, cls + 1, _Token(1 << 20, plus), monkeypatch)
+    assert listed[:2] == [b".", b".."]
+    if whole:
+        assert listed[2:] == names
+    else:
+        assert listed[2:] == names[: len(listed) - 2]
+        assert 0 < (len(listed) - 2) * (dirents.ENTRY_OUT.itemsize + 40) <= fs.AUTO_PLUS_REPLY
