@@ -27,6 +27,9 @@ struct reply {
     uint32_t file_blksize, dir_blksize;
 };
 
+/* What a record carries besides name, inode and type (Attributes in dlfs/dirents.py). */
+enum attrs { ATTRS_NONE, ATTRS_ALL, ATTRS_DIRS };
+
 #define BLOCK 512
 #define NSEC 1000000000
 
@@ -58,14 +61,15 @@ static void fill_entry(struct fuse_entry_out *e, const struct columns *c, const 
     e->attr.blksize = S_ISDIR(mode) ? r->dir_blksize : r->file_blksize;
 }
 
-/* Records (READDIRPLUS ones if plus) for rows first, first+1, ... below stop, as many as fit whole
- * in space bytes of out; row first + k says the listing goes on at offset first_next + k.
+/* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as
+ * many as fit whole in space bytes of out; row first + k says the listing goes on at offset
+ * first_next + k.
  * nlink[k]: the link count of row first + k (directories count their subdirectories, which the
  * caller knows). Returns how many rows; *used: the bytes written. */
 int64_t dlfs_encode_dirents(uint8_t *out, int64_t space, int64_t first, int64_t stop, uint64_t first_next,
-                            int plus, const struct columns *c, const struct reply *r, const int64_t *nlink,
+                            int attrs, const struct columns *c, const struct reply *r, const int64_t *nlink,
                             int64_t *used) {
-    uint32_t head = (uint32_t)(sizeof(struct fuse_dirent) + (plus ? sizeof(struct fuse_entry_out) : 0));
+    uint32_t head = (uint32_t)(sizeof(struct fuse_dirent) + (attrs ? sizeof(struct fuse_entry_out) : 0));
     int64_t at = 0, row;
     for (row = first; row < stop; row++) {
         uint64_t start = c->name_off[row], namelen = c->name_off[row + 1] - start;
@@ -74,8 +78,10 @@ int64_t dlfs_encode_dirents(uint8_t *out, int64_t space, int64_t first, int64_t 
             break;
         uint8_t *record = out + at;
         struct fuse_dirent *d = (struct fuse_dirent *)(record + head - sizeof(struct fuse_dirent));
-        if (plus)
+        if (attrs == ATTRS_ALL || (attrs == ATTRS_DIRS && S_ISDIR(c->mode[row])))
             fill_entry((struct fuse_entry_out *)record, c, r, row, (uint32_t)nlink[row - first]);
+        else if (attrs == ATTRS_DIRS) /* node id 0: the kernel builds nothing for this name */
+            memset(record, 0, sizeof(struct fuse_entry_out));
         d->ino = (uint64_t)row + r->inode_base;
         d->off = first_next + (uint64_t)(row - first);
         d->namelen = (uint32_t)namelen;

@@ -313,8 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("always", "auto"),
         default=d.readdirplus,
         help="always: listings carry attributes, so after a scan the read-ahead can push every file "
-        "(best for training); auto: names only unless a stat follows (fastest first find over "
-        f"millions of files) {D}",
+        "(best for training); auto: attributes for folders only (fastest first scan or find over "
+        f"millions of files; the read-ahead lists each folder again before pushing) {D}",
     )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_mount)

@@ -6,6 +6,7 @@ child process or directly under systemd.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -42,6 +43,16 @@ async def _serve(prefetcher: Prefetcher | None) -> None:
             nursery.start_soon(prefetcher.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+def _reveal(operations: DlfsOperations, pages: MountPageCache, row: int) -> None:
+    """List a folder through the mount so that the kernel learns every file in it (a push needs the
+    inode). With ``--readdirplus auto`` the kernel may hold the folder's listing from a scan that
+    gave files no attributes, and would answer from it: that listing is dropped first."""
+    operations.want_attributes(row)
+    with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
+        pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
+    pages.reveal(operations.index.path(row))
 
 
 def _push(row: int, data: bytes | memoryview) -> None:
@@ -81,7 +92,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
             in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
-            reveal=lambda row: pages.reveal(index.path(row)),
+            reveal=lambda row: _reveal(operations, pages, row),  # called once the mount serves
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 

@@ -13,6 +13,7 @@ else a few numpy array operations (~1-2 µs per entry, most of it per-call overh
 from __future__ import annotations
 
 import ctypes
+import enum
 import logging
 import stat
 from pathlib import Path
@@ -25,6 +26,20 @@ from dlfs.index import Index
 log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("_dirents.so")
+
+
+class Attributes(enum.IntEnum):
+    """What a record carries besides name, inode and type (``attrs`` in ``_dirents.c``)."""
+
+    #: A READDIR record.
+    NONE = 0
+    #: A READDIRPLUS record: the kernel builds an inode and a dentry from it.
+    ALL = 1
+    #: READDIRPLUS records whose entry is zero for everything but directories: a zero node id
+    #: tells the kernel to build nothing for that name (it still lists it). A scan learns the
+    #: folders it is about to open, without an inode for every file.
+    DIRS = 2
+
 
 #: struct fuse_dirent, without the name that follows it.
 DIRENT = np.dtype([("ino", "=u8"), ("off", "=u8"), ("namelen", "=u4"), ("type", "=u4")])
@@ -67,7 +82,7 @@ def encode(
     rows: range,
     first_next: int,
     space: int,
-    plus: bool,
+    attrs: Attributes,
     inode_base: int,
     timeout: float,
     blksize: tuple[int, int],
@@ -75,9 +90,10 @@ def encode(
     """Records for the leading ``rows`` that fit in ``space`` bytes, and how many rows that is.
 
     Row ``rows.start + k`` gets inode ``row + inode_base`` and says the listing continues at
-    offset ``first_next + k``. ``plus`` adds attributes valid for ``timeout`` seconds, with
-    ``blksize`` (files, directories) as the block size.
+    offset ``first_next + k``. Attributes are valid for ``timeout`` seconds, with ``blksize``
+    (files, directories) as the block size.
     """
+    plus = attrs != Attributes.NONE
     rows = range(rows.start, min(rows.stop, rows.start + space // MIN_RECORD))
     bounds = index.name_off[rows.start : rows.stop + 1].astype(np.int64)
     name_len = np.diff(bounds)
@@ -99,7 +115,10 @@ def encode(
     dirent["namelen"] = name_len
     dirent["type"] = (mode & fmt.TYPE_MASK) >> 12
     if plus:
-        _scatter(out, starts, _entries(index, rows, inodes, timeout, blksize))
+        entries = _entries(index, rows, inodes, timeout, blksize)
+        if attrs == Attributes.DIRS:
+            entries[mode & fmt.TYPE_MASK != stat.S_IFDIR] = 0
+        _scatter(out, starts, entries)
     _scatter(out, starts + head - DIRENT.itemsize, dirent)
 
     # Consecutive rows' names are consecutive in the names blob: byte i of that run belongs to
@@ -203,12 +222,13 @@ class Encoder:
         ]  # fmt: skip
         return call
 
-    def encode(self, rows: range, first_next: int, space: int, plus: bool) -> tuple[np.ndarray, int]:
+    def encode(self, rows: range, first_next: int, space: int, attrs: Attributes) -> tuple[np.ndarray, int]:
         """As the module's ``encode``, with this mount's inode base, timeout and block sizes."""
         if self._call is None:
             return encode(
-                self.index, rows, first_next, space, plus, self.inode_base, self.timeout, self.blksize
+                self.index, rows, first_next, space, attrs, self.inode_base, self.timeout, self.blksize
             )
+        plus = attrs != Attributes.NONE
         head = DIRENT.itemsize + (ENTRY_OUT.itemsize if plus else 0)
         rows = range(rows.start, min(rows.stop, rows.start + space // (head + WORD)))
         # Room for every candidate, each padded by at most a word, but never more than ``space``.
@@ -217,7 +237,7 @@ class Encoder:
         nlink = self.index.link_counts(rows) if plus else None
         used = ctypes.c_int64()
         count = self._call(
-            out.ctypes.data, out.size, rows.start, rows.stop, first_next, plus, self._columns, self._reply,
+            out.ctypes.data, out.size, rows.start, rows.stop, first_next, attrs, self._columns, self._reply,
             None if nlink is None else nlink.ctypes.data, used,
         )  # fmt: skip
         return out[: used.value], int(count)

@@ -49,10 +49,6 @@ STATFS_BLOCK = 4096
 #: of a thousand images is then one round trip, and one more to find its end, instead of one per
 #: 32 KiB. Measured, cold ImageFolder scan of 200k entries: READDIRs 1,403 -> 402.
 LISTING_BLOCK = 1 << 20
-#: READDIRPLUS_AUTO asks for attributes with a listing's first request only, to learn whether the
-#: program stats the entries. A whole listing in that reply would make the kernel build an inode for
-#: every entry, the cost auto mode is there to avoid: such replies stay this small.
-AUTO_PLUS_REPLY = 32 * 1024
 NAME_MAX = 255
 DOTS = (b".", b"..")
 #: Entries prepared per vectorised step of a READDIR reply (a 32 KiB reply holds a few hundred).
@@ -74,9 +70,9 @@ def _inode(row: int) -> InodeT:
 class DlfsOperations(pyfuse3.Operations):
     """Read-only operations over one dataset; every mutating request is refused by the ``ro`` mount."""
 
-    #: Read by the patched pyfuse3 at INIT: True lets the kernel list names without attributes
-    #: (fast ``find``); False makes every listing carry attributes, so the kernel knows every
-    #: inode after a scan and the read-ahead can push pages for all of them.
+    #: Read by the patched pyfuse3 at INIT: True lets the kernel list files without attributes
+    #: (fast ``find``: only directories get theirs); False makes every listing carry attributes, so
+    #: the kernel knows every inode after a scan and the read-ahead can push pages for all of them.
     readdirplus_auto = False
 
     def __init__(
@@ -88,6 +84,7 @@ class DlfsOperations(pyfuse3.Operations):
         self.control = control
         self.prefetcher = prefetcher
         self.requests: Counter[str] = Counter()
+        self._attributes_wanted: set[int] = set()
         self._listings = dirents.Encoder(
             index, pyfuse3.ROOT_INODE, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK)
         )
@@ -204,7 +201,7 @@ class DlfsOperations(pyfuse3.Operations):
         first = max(start_id - len(DOTS), 0)
         plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS
         if RAW_READDIR:
-            self._readdir_encoded(rows, rows.start + first, plus, token)
+            self._readdir_encoded(rows, rows.start + first, self._attributes_for(row, plus), token)
             return
         for start in range(rows.start + first, rows.stop, READDIR_BATCH):
             batch = range(start, min(start + READDIR_BATCH, rows.stop))
@@ -218,16 +215,32 @@ class DlfsOperations(pyfuse3.Operations):
                     return
                 self._listed(range(child, child + 1), plus)
 
-    def _readdir_encoded(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> None:
+    def want_attributes(self, row: int) -> None:
+        """From now on, listings of this directory give every entry its attributes, in any mode: the
+        read-ahead lists it so that the kernel learns the files it is about to push."""
+        self._attributes_wanted.add(row)
+
+    def _attributes_for(self, row: int, plus: bool) -> dirents.Attributes:
+        """READDIRPLUS_AUTO asks for attributes with the first request of every listing, to learn
+        whether the program stats the entries. Attributes for every entry would make the kernel
+        build an inode for each, the cost auto mode is there to avoid; directories get theirs, so
+        a scan's walk into each folder needs no LOOKUP."""
+        if not plus:
+            return dirents.Attributes.NONE
+        if self.readdirplus_auto and row not in self._attributes_wanted:
+            return dirents.Attributes.DIRS
+        return dirents.Attributes.ALL
+
+    def _readdir_encoded(
+        self, rows: range, start: int, attrs: dirents.Attributes, token: ReaddirToken
+    ) -> None:
         """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
-        room = min(token.size, AUTO_PLUS_REPLY) if plus and self.readdirplus_auto else token.size
         while start < rows.stop:
             next_id = start - rows.start + len(DOTS) + 1
-            records, count = self._listings.encode(range(start, rows.stop), next_id, room, plus)
+            records, count = self._listings.encode(range(start, rows.stop), next_id, token.size, attrs)
             if count == 0 or not pyfuse3.readdir_reply_raw(token, records):
                 return
-            self._listed(range(start, start + count), plus)
-            room -= records.size
+            self._listed(range(start, start + count), attrs == dirents.Attributes.ALL)
             start += count
 
     def _listed(self, rows: range, plus: bool) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dlfs import dirents
+from dlfs.dirents import Attributes
 from dlfs.index import Index
 from dlfs.store import open_store
 
@@ -58,12 +59,13 @@ def _encoder(index: Index, native: bool) -> dirents.Encoder:
 def test_records_carry_what_the_index_says(packed: Path, native: bool) -> None:
     index = Index.load(open_store(packed))
     encoder = _encoder(index, native)
-    for plus in (False, True):
+    for attributes in Attributes:
+        plus = attributes != Attributes.NONE
         for directory in range(index.count):
             rows = index.children(directory)
             if not rows:
                 continue
-            records, count = encoder.encode(rows, 10, 1 << 20, plus)
+            records, count = encoder.encode(rows, 10, 1 << 20, attributes)
             assert count == len(rows)
             decoded = _decode(records.tobytes(), plus)
             attrs = index.attrs_run(rows)
@@ -71,7 +73,9 @@ def test_records_carry_what_the_index_says(packed: Path, native: bool) -> None:
                 assert entry["name"] == index.name(row)
                 assert entry["ino"] == row + 1 and entry["off"] == 10 + k
                 assert entry["type"] == stat.S_IFMT(attrs[k].mode) >> 12
-                if plus:
+                if attributes == Attributes.DIRS and not stat.S_ISDIR(attrs[k].mode):
+                    assert entry["nodeid"] == 0 and set(entry["attrs"]) == {0}  # the kernel builds nothing
+                elif plus:
                     a = attrs[k]
                     assert entry["nodeid"] == row + 1 and entry["entry_valid"] == entry["attr_valid"] == 3600
                     blksize = BLKSIZE[1] if stat.S_ISDIR(a.mode) else BLKSIZE[0]
@@ -86,15 +90,15 @@ def test_only_whole_records_that_fit_are_encoded(packed: Path, native: bool) -> 
     many = index.resolve(b"many")
     assert many is not None
     rows = index.children(many)
-    whole, count = encoder.encode(rows, 0, 1 << 20, True)
+    whole, count = encoder.encode(rows, 0, 1 << 20, Attributes.ALL)
     assert count == len(rows) > 100
     ends = np.cumsum(
         [(dirents.ENTRY_OUT.itemsize + dirents.DIRENT.itemsize + len(index.name(r)) + 7) & ~7 for r in rows]
     )
     space = int(ends[40]) + 5  # room for 41 records and a few bytes
-    part, count = encoder.encode(rows, 0, space, True)
+    part, count = encoder.encode(rows, 0, space, Attributes.ALL)
     assert count == 41 and part.tobytes() == whole.tobytes()[: int(ends[40])]
-    assert encoder.encode(rows, 0, int(ends[0]) - 1, True)[1] == 0
+    assert encoder.encode(rows, 0, int(ends[0]) - 1, Attributes.ALL)[1] == 0
 
 
 def test_the_c_loop_writes_the_bytes_numpy_writes(packed: Path) -> None:
@@ -104,8 +108,8 @@ def test_the_c_loop_writes_the_bytes_numpy_writes(packed: Path) -> None:
     for directory in range(index.count):
         rows = index.children(directory)
         for start in {rows.start, (rows.start + rows.stop) // 2}:
-            for plus in (False, True):
+            for attributes in Attributes:
                 for space in (0, 100, 4096, 1 << 20):
-                    args = (range(start, rows.stop), 7, space, plus)
+                    args = (range(start, rows.stop), 7, space, attributes)
                     (a, count_a), (b, count_b) = native.encode(*args), numpy.encode(*args)
                     assert count_a == count_b and a.tobytes() == b.tobytes()

@@ -129,58 +129,66 @@ def test_cache_never_exceeds_its_budget() -> None:
 
 class _Token:
     """Stands in for pyfuse3's ReaddirToken: the room left in the reply, the kind of request, and
-    what was put in it."""
+    what was put in it (each name with its node id; None in plain READDIR)."""
 
     def __init__(self, size: int, plus: bool) -> None:
-        self.size, self.plus, self.names = size, plus, []
+        self.size, self.plus = size, plus
+        self.listed: list[tuple[bytes, int | None]] = []
 
     def take(self, records: bytes) -> None:
         head = dirents.DIRENT.itemsize + (dirents.ENTRY_OUT.itemsize if self.plus else 0)
         at = 0
         while at < len(records):
             (namelen,) = struct.unpack_from("=I", records, at + head - 8)
-            self.names.append(records[at + head : at + head + namelen])
+            nodeid = struct.unpack_from("=Q", records, at)[0] if self.plus else None
+            self.listed.append((records[at + head : at + head + namelen], nodeid))
             at += (head + namelen + 7) & ~7
         self.size -= len(records)
 
 
-def _list(ops: DlfsOperations, inode: int, token: _Token, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+def _list(
+    ops: DlfsOperations, inode: int, token: _Token, monkeypatch: pytest.MonkeyPatch
+) -> dict[bytes, int | None]:
+    """The entries of one READDIR reply, '.' and '..' left out."""
+
     def raw(token: _Token, records) -> bool:  # type: ignore[no-untyped-def]
         if records.size > token.size:
             return False
         token.take(records.tobytes())
         return True
 
-    def dot(token: _Token, name: bytes, entry: object, next_id: int) -> bool:
-        token.names.append(name)
-        return True
-
     monkeypatch.setattr(pyfuse3, "readdir_reply_raw", raw, raising=False)
-    monkeypatch.setattr(pyfuse3, "readdir_reply", dot)
+    monkeypatch.setattr(pyfuse3, "readdir_reply", lambda token, name, entry, next_id: True)
     _run(ops.readdir, inode, 0, token)
-    return token.names
+    return dict(token.listed)
 
 
-@pytest.mark.parametrize(
-    ("auto", "plus", "whole"), [(False, True, True), (True, False, True), (True, True, False)]
-)
-def test_a_listing_fills_the_reply_except_attributes_asked_for_by_auto_mode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto: bool, plus: bool, whole: bool
+@pytest.mark.parametrize(("auto", "plus"), [(False, True), (True, False), (True, True)])
+def test_a_listing_carries_the_attributes_each_mode_wants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, auto: bool, plus: bool
 ) -> None:
-    """In READDIRPLUS_AUTO mode the kernel asks for attributes with a listing's first request only,
-    as a probe; a whole listing in that reply would make it build an inode per entry."""
-    names = [f"image-{k:05d}.JPEG".encode() for k in range(1000)]
-    for name in names:
+    """With ``--readdirplus auto`` the kernel asks for attributes with the first request of every
+    listing, as a probe: files then get none (a zero node id, so the kernel builds no inode for
+    them), folders get theirs. Every mode lists the whole folder in one reply."""
+    files = {f"image-{k:05d}.JPEG".encode() for k in range(1000)}
+    folders = {f"sub-{k}".encode() for k in range(3)}
+    for name in files:
         write(tmp_path / "src" / "cls" / name.decode(), b"x")
+    for name in folders:
+        (tmp_path / "src" / "cls" / name.decode()).mkdir()
     dlfs("pack", tmp_path / "src", tmp_path / "ds")
     ops = _operations(tmp_path / "ds")
     ops.readdirplus_auto = auto
     cls = ops.index.resolve(b"cls")
     assert cls is not None
     listed = _list(ops, cls + 1, _Token(1 << 20, plus), monkeypatch)
-    assert listed[:2] == [b".", b".."]
-    if whole:
-        assert listed[2:] == names
-    else:
-        assert listed[2:] == names[: len(listed) - 2]
-        assert 0 < (len(listed) - 2) * (dirents.ENTRY_OUT.itemsize + 40) <= fs.AUTO_PLUS_REPLY
+    assert set(listed) == files | folders
+    for name, nodeid in listed.items():
+        row = ops.index.lookup(cls, name)
+        assert row is not None
+        if not plus:
+            assert nodeid is None
+        elif auto and name in files:
+            assert nodeid == 0
+        else:
+            assert nodeid == row + 1

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import trio
 from conftest import dlfs, drop_from_memory, wait_until
 
@@ -204,12 +205,15 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
-def test_entries_a_scan_listed_are_pushed_without_listing_them_again(tmp_path: Path, mount) -> None:
-    """A training job scans its classes first (ImageFolder); those listings carry attributes, so
-    the kernel knows every inode and the read-ahead can push at once."""
+@pytest.mark.parametrize(("readdirplus", "relisted"), [("always", 0), ("auto", 4)])
+def test_entries_a_scan_listed_are_pushed(tmp_path: Path, mount, readdirplus: str, relisted: int) -> None:
+    """A training job scans its classes first (ImageFolder). With ``--readdirplus always`` those
+    listings carry attributes, so the kernel knows every inode and the read-ahead pushes at once.
+    With ``auto`` they give files none, and the kernel keeps the listings: the read-ahead drops and
+    lists each folder again, once, with attributes."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+    with mount(tmp_path / "ds", "--prefetch-budget", "64M", "--readdirplus", readdirplus) as mnt:
         mnt = Path(mnt)
         for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name):
             list(os.scandir(class_dir.path))
@@ -218,7 +222,7 @@ def test_entries_a_scan_listed_are_pushed_without_listing_them_again(tmp_path: P
         data = _read_all(paths)
         prefetch = _stats(mnt)["prefetch"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    assert prefetch["revealed_dirs"] == 0 and prefetch["push_refused"] == 0, prefetch
+    assert prefetch["revealed_dirs"] == relisted and prefetch["push_refused"] == 0, prefetch
     assert prefetch["pushed_files"] > 0.95 * len(paths), prefetch
 
 
