@@ -16,6 +16,7 @@ import ctypes
 import enum
 import logging
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -200,12 +201,13 @@ class Encoder:
     def native(self) -> bool:
         return self._call is not None
 
-    def _bind(self, library: Path) -> ctypes._CFuncPtr | None:
+    def _bind(self, library: Path) -> Callable[..., int] | None:
         if not library.exists():
             log.info("%s is not built (make install builds it): listing directories with numpy", library.name)
             return None
         columns = {name: getattr(self.index, name) for name, _ in _Columns._fields_}
         if not all(c.flags.c_contiguous and c.dtype.isnative for c in columns.values()):
+            log.info("index columns not in this host's byte order: listing directories with numpy")
             return None
         self._columns = _Columns(**{name: column.ctypes.data for name, column in columns.items()})
         self._reply = _Reply(

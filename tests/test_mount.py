@@ -292,7 +292,7 @@ def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
     tmp_path: Path, mount, readdirplus: str
 ) -> None:
     src = tmp_path / "wide"
-    names = {f"{'long-name-' * 6}{k:05d}.JPEG" for k in range(4000)}
+    names = {f"{'long-name-' * 6}{k:05d}.JPEG" for k in range(8000)}  # over 1 MiB of records
     for name in names:
         write(src / "cls" / name, name.encode())
     (src / "cls" / "sub").mkdir()
@@ -301,6 +301,8 @@ def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
     with mount(dst, "--readdirplus", readdirplus) as mnt:
         listed = os.listdir(Path(mnt) / "cls")
         assert len(listed) == len(names) + 1 and set(listed) == names | {"sub"}
+        stats = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
+        assert stats["requests"]["readdir"] >= 3, "the listing took more than one reply"
         kinds = {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(Path(mnt) / "cls")}
         assert kinds["sub"] and not any(kinds[name] for name in names)
         long = subprocess.run(
