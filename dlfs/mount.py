@@ -60,15 +60,19 @@ def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
 def check_mountpoint(mnt: Path) -> None:
     if not Path("/dev/fuse").exists():
         raise MountError("/dev/fuse is missing; load the fuse module (modprobe fuse) or run where FUSE works")
-    if not mnt.exists():
-        raise MountError(f"mountpoint {mnt} does not exist; create it with mkdir")
-    if not mnt.is_dir():
-        raise MountError(f"mountpoint {mnt} is not a directory")
+    # First, from /proc: a FUSE mount whose daemon died answers anything else with ENOTCONN.
     if os.path.ismount(mnt) or mounted_fstype(mnt):
         raise MountError(f"{mnt} is already a mount point; unmount it first (dlfs umount {mnt})")
-    with os.scandir(mnt) as entries:
-        if any(True for _ in entries):
-            raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
+    try:
+        if not mnt.exists():
+            raise MountError(f"mountpoint {mnt} does not exist; create it with mkdir")
+        if not mnt.is_dir():
+            raise MountError(f"mountpoint {mnt} is not a directory")
+        with os.scandir(mnt) as entries:
+            if any(True for _ in entries):
+                raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
+    except OSError as exc:
+        raise MountError(f"cannot use mountpoint {mnt}: {exc.strerror}") from exc
 
 
 def default_log_file(mnt: str) -> Path:

@@ -5,12 +5,22 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, find_listing, make_odd_tree, write
+from conftest import (
+    DLFS,
+    SMALL_SHARD,
+    assert_one_line_error,
+    dlfs,
+    find_listing,
+    make_odd_tree,
+    wait_until,
+    write,
+)
 
 from dlfs import fs
 
@@ -219,6 +229,33 @@ def test_mount_is_refused_at_bad_mountpoints(packed: Path, tmp_path: Path, mount
     assert_one_line_error(dlfs("mount", packed, a_file, check=False), "not a directory")
     with mount(packed) as mnt:
         assert_one_line_error(dlfs("mount", packed, mnt, check=False), "already a mount point")
+
+
+def _daemon_of(mnt: Path) -> int:
+    """The daemon serving ``mnt``, found from process arguments alone: nothing here touches the
+    mount, so the kernel caches none of its attributes."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.fsencode(mnt) in (proc / "cmdline").read_bytes().split(b"\0"):
+                return int(proc.name)
+        except OSError:  # the process ended meanwhile
+            continue
+    raise AssertionError(f"no daemon serves {mnt}")
+
+
+def test_a_mount_whose_daemon_died_is_named_and_can_be_unmounted(packed: Path, mount) -> None:
+    """A killed daemon leaves a mount that answers ENOTCONN; a new mount on it is refused with what
+    to do, and ``dlfs umount`` does it."""
+    with mount(packed) as mnt:
+        pid = _daemon_of(mnt)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)
+        with pytest.raises(OSError) as dead:
+            os.listdir(mnt)
+        assert dead.value.errno == errno.ENOTCONN
+        assert_one_line_error(dlfs("mount", packed, mnt, check=False), "already a mount point")
+        dlfs("umount", mnt)
+        assert os.listdir(mnt) == []
 
 
 def test_mount_of_a_non_dataset_is_refused(tmp_path: Path) -> None:
