@@ -22,6 +22,7 @@ from dlfs.control import ControlTree
 from dlfs.errors import MountError
 from dlfs.fs import DlfsOperations
 from dlfs.index import Index
+from dlfs.lister import FolderLister
 from dlfs.mount import MountOptions, check_mountpoint
 from dlfs.order import OrderSpec
 from dlfs.pagecache import MountPageCache
@@ -82,9 +83,11 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     # cache, so the cache holds its budget on top of what demand reads get.
     cache = PayloadCache(options.cache_size + options.prefetch_budget)
     reader = Reader(index, store, cache, max_threads=options.threads)
+    pages = MountPageCache(str(mountpoint.resolve()))
+    # Both list folders through the mount, so only once it serves: ``operations`` is bound below.
+    lister = FolderLister(index, lambda row: _reveal(operations, pages, row))
     prefetcher = None
     if options.prefetch_budget > 0:
-        pages = MountPageCache(str(mountpoint.resolve()))
         prefetcher = Prefetcher(
             index,
             reader,
@@ -92,7 +95,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
             in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
-            reveal=lambda row: _reveal(operations, pages, row),  # called once the mount serves
+            reveal=lambda row: _reveal(operations, pages, row),
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 
@@ -102,10 +105,11 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "cache": reader.cache.stats(),
             "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
+            "listed_folders": lister.listed,
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 
-    operations = DlfsOperations(index, reader, ControlTree(index, spec, stats), prefetcher)
+    operations = DlfsOperations(index, reader, ControlTree(index, spec, stats), prefetcher, lister)
     operations.readdirplus_auto = options.readdirplus == "auto"
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:

@@ -38,6 +38,7 @@ from dlfs import format as fmt
 from dlfs.control import CONTROL_NAME, ControlTree
 from dlfs.errors import DlfsError
 from dlfs.index import Attrs, Index
+from dlfs.lister import FolderLister
 from dlfs.prefetch import Prefetcher
 from dlfs.reader import Reader
 
@@ -76,13 +77,19 @@ class DlfsOperations(pyfuse3.Operations):
     readdirplus_auto = False
 
     def __init__(
-        self, index: Index, reader: Reader, control: ControlTree, prefetcher: Prefetcher | None = None
+        self,
+        index: Index,
+        reader: Reader,
+        control: ControlTree,
+        prefetcher: Prefetcher | None = None,
+        lister: FolderLister | None = None,
     ) -> None:
         super().__init__()
         self.index = index
         self.reader = reader
         self.control = control
         self.prefetcher = prefetcher
+        self.lister = lister
         self.requests: Counter[str] = Counter()
         self._attributes_wanted: set[int] = set()
         self._listings = dirents.Encoder(
@@ -143,6 +150,8 @@ class DlfsOperations(pyfuse3.Operations):
         row = self.index.lookup(parent, name)
         if row is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if self.lister is not None:
+            self.lister.looked_up(parent)
         return self._entry(row)
 
     async def _control_lookup(self, parent_inode: int, name: bytes) -> EntryAttributes:
@@ -292,10 +301,16 @@ class DlfsOperations(pyfuse3.Operations):
         return None
 
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
-        """Nothing to free (inodes are rows); the read-ahead learns which entries the kernel lost."""
-        if self.prefetcher is not None and inode_list:
-            rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
-            self.prefetcher.forgotten(rows[(rows >= 0) & (rows < self.index.count)])
+        """Nothing to free (inodes are rows); the read-ahead and the lister learn which entries the
+        kernel lost."""
+        if not inode_list:
+            return
+        rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
+        rows = rows[(rows >= 0) & (rows < self.index.count)]
+        if self.prefetcher is not None:
+            self.prefetcher.forgotten(rows)
+        if self.lister is not None:
+            self.lister.forgotten(rows)
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
         out = StatvfsData()

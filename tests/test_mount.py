@@ -325,6 +325,34 @@ def test_a_class_folder_is_listed_in_one_round_trip_and_one_to_find_its_end(tmp_
 
 
 @pytest.mark.parametrize("readdirplus", ["always", "auto"])
+def test_a_folder_walked_by_name_is_listed_so_later_opens_skip_the_daemon(
+    tmp_path: Path, mount, readdirplus: str
+) -> None:
+    """Opening files by name (a file list) with nothing cached: after a few LOOKUPs in a folder the
+    daemon lists it through the mount, and the kernel answers the rest of the walk itself."""
+    names = [f"n01440764_{k:05d}.JPEG" for k in range(200)]
+    for name in names:
+        write(tmp_path / "src" / "cls" / name, name.encode())
+    dlfs("pack", tmp_path / "src", tmp_path / "ds")
+    with mount(tmp_path / "ds", "--readdirplus", readdirplus) as mnt:
+        folder = Path(mnt) / "cls"
+
+        def stats() -> dict:
+            return json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
+
+        for name in names[:4]:
+            assert (folder / name).read_bytes() == name.encode()
+        assert wait_until(lambda: stats()["listed_folders"] == 1, 10), stats()
+        before = stats()["requests"]
+        for name in names[4:]:
+            assert (folder / name).read_bytes() == name.encode()
+        after = stats()["requests"]
+    # Reading .dlfs/stats looks up '.dlfs' and 'stats' each time (control entries never stay cached).
+    assert after["lookup"] - before["lookup"] == 2, "the listing taught the kernel every file"
+    assert after["readdir"] == before["readdir"]
+
+
+@pytest.mark.parametrize("readdirplus", ["always", "auto"])
 def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
     tmp_path: Path, mount, readdirplus: str
 ) -> None:
