@@ -23,21 +23,25 @@ from dlfs.index import Index
 #: LOOKUPs of one folder's entries that make it worth listing: a program walking it by name, not a
 #: stat or two.
 MISSES = 4
+#: Listings at once. Each waits on round trips through a daemon that is busy answering the walk
+#: (~50 ms for a folder of 200 while 8 processes stat it), so one at a time fell behind the walkers.
+THREADS = 4
 
 
 class FolderLister:
-    """Counts LOOKUPs per folder (on the loop thread) and lists folders from a thread of its own:
-    a listing goes through the mount, so the loop must stay free to answer it."""
+    """Counts LOOKUPs per folder (on the loop thread) and lists folders from threads of its own: a
+    listing goes through the mount, so the loop must stay free to answer it."""
 
     def __init__(self, index: Index, reveal: Callable[[int], None], misses: int = MISSES) -> None:
         self.index = index
         self.reveal = reveal
         self.misses = misses
         self.listed = 0
+        self._count = threading.Lock()
         self._misses: Counter[int] = Counter()
         self._done: set[int] = set()
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def looked_up(self, parent: int) -> None:
         """A LOOKUP found an entry of ``parent``, which the kernel did not have."""
@@ -49,9 +53,11 @@ class FolderLister:
         del self._misses[parent]
         self._done.add(parent)
         self._queue.put(parent)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dlfs-lister", daemon=True)
-            self._thread.start()
+        if not self._threads:
+            names = (f"dlfs-lister-{k}" for k in range(THREADS))
+            self._threads = [threading.Thread(target=self._run, name=name, daemon=True) for name in names]
+            for thread in self._threads:
+                thread.start()
 
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries: their folders may be listed again."""
@@ -62,4 +68,5 @@ class FolderLister:
         while True:
             row = self._queue.get()
             self.reveal(row)
-            self.listed += 1
+            with self._count:
+                self.listed += 1
