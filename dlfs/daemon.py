@@ -84,8 +84,13 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     cache = PayloadCache(options.cache_size + options.prefetch_budget)
     reader = Reader(index, store, cache, max_threads=options.threads)
     pages = MountPageCache(str(mountpoint.resolve()))
-    # Both list folders through the mount, so only once it serves: ``operations`` is bound below.
-    lister = FolderLister(index, lambda row: _reveal(operations, pages, row))
+
+    def reveal(row: int) -> None:
+        """For the lister and the read-ahead; called only once the mount serves, so ``operations``
+        (bound below) exists by then."""
+        _reveal(operations, pages, row)
+
+    lister = FolderLister(index, reveal)
     prefetcher = None
     if options.prefetch_budget > 0:
         prefetcher = Prefetcher(
@@ -95,7 +100,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
             in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
-            reveal=lambda row: _reveal(operations, pages, row),
+            reveal=reveal,
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 

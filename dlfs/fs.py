@@ -52,7 +52,7 @@ STATFS_BLOCK = 4096
 LISTING_BLOCK = 1 << 20
 NAME_MAX = 255
 DOTS = (b".", b"..")
-#: Entries prepared per vectorised step of a READDIR reply (a 32 KiB reply holds a few hundred).
+#: Entries prepared per vectorised step of a READDIR reply on stock pyfuse3 (a reply holds hundreds).
 READDIR_BATCH = 64
 #: True with the pyfuse3 build that passes the inode when the kernel skipped open.
 SKIP_OPEN = "inode_as_fh_without_open" in getattr(pyfuse3, "dlfs_features", ())

@@ -52,7 +52,7 @@ class MountPageCache:
     """Questions to the kernel about the mount, asked through the mountpoint like any program would.
 
     ``holds(path, size)``: is every page of a file in the kernel page cache? ``reveal(path)``: list a
-    directory so that the kernel learns all its entries (one READDIRPLUS per few hundred), which a
+    directory so that the kernel learns all its entries (one READDIRPLUS per MiB of them), which a
     ``notify_store`` needs before it can push a file's pages.
     """
 
