@@ -61,6 +61,12 @@ NATIVE_FILES = 256
 NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
 MAX_READINGS = 16
+#: One file in this many is a sentinel (kept back from the page cache, so its READ shows where the
+#: reader is). Prime, so that readers taking every N-th file, or every N-th batch of B, all meet
+#: sentinels: at 64, with 8 readers each taking every 8th file, every sentinel fell to reader 0,
+#: the cursor waited for it, and the read-ahead stopped at its budget while the other seven drained
+#: it, then refilled all of it at once (cold, 8 readers: the disk idle a third of the time).
+SENTINEL_EVERY = 61
 
 Push = Callable[[int, bytes | memoryview], None]
 #: Does the kernel already cache every page of this row's file?
@@ -153,7 +159,7 @@ class Prefetcher:
         push: Push | None,
         budget: int = 512 << 20,
         max_inflight: int = 16,
-        sentinel_every: int = 64,
+        sentinel_every: int = SENTINEL_EVERY,
         in_kernel: InKernel | None = None,
         reveal: Reveal | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from dlfs.cache import PayloadCache
 from dlfs.control import Reading, parse_order
 from dlfs.index import Index
 from dlfs.pagecache import cached_pages
-from dlfs.prefetch import Prefetcher
+from dlfs.prefetch import SENTINEL_EVERY, Prefetcher
 from dlfs.reader import Reader
 from dlfs.store import LocalStore
 
@@ -50,9 +50,10 @@ def _read_all(paths: list[Path]) -> list[bytes]:
 
 
 def _assert_sentinels_only(before: dict, after: dict, files: int) -> None:
-    """Between two stats snapshots, only the sentinels (one file in 64) reached the daemon."""
+    """Between two stats snapshots, only the sentinels (one file in ``SENTINEL_EVERY``) reached the
+    daemon."""
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    assert reads <= files // 64 + 2, (
+    assert reads <= files // SENTINEL_EVERY + 2, (
         f"{reads} of {files} read by the daemon (sentinels only)",
         after["prefetch"],
     )
@@ -378,5 +379,5 @@ def test_an_epoch_from_cold_storage_is_read_past_the_shards_page_cache(on_disk: 
         prefetch = _stats(mnt)["prefetch"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert prefetch["cold_batches"] >= 1 and prefetch["pushed_files"] > 0.9 * len(paths), prefetch
-    # What did go through the page cache: the sentinels (one file in 64), one probe read per batch.
+    # What did go through the page cache: the sentinels, one probe read per batch.
     assert cached < 0.1 * sum(shard.stat().st_size for shard in shards), (cached, json.dumps(prefetch))
