@@ -3,8 +3,10 @@
 A root is any directory that presents a dataset tree: the native source, a dlfs mount, a squashfuse or
 ratarmount mount. Each job walks or reads the whole tree the way a training job does, with N readers
 (threads, or processes like DataLoader workers), and reports files/s, MB/s, per-item latency
-percentiles, the CPU time of the readers and of the FUSE daemon serving the root, and that daemon's
-RSS. Comparisons are only meaningful within one run, so every root runs every job in the same
+percentiles, the CPU time of the readers and of the FUSE daemon serving the root, that daemon's
+RSS, and what the block devices behind the root did meanwhile (reads, MB, and like fio's ``util``
+the share of the run they had I/O in flight: whether a cold job waited on the disk or on a CPU).
+Comparisons are only meaningful within one run, so every root runs every job in the same
 process, one after the other, with the page cache dropped before each run when ``cold``.
 
 Jobs:
@@ -28,6 +30,7 @@ import logging
 import multiprocessing as mp
 import os
 import resource
+import stat
 import statistics
 import subprocess
 import threading
@@ -237,6 +240,30 @@ def proc_rss(pid: int) -> int:
     return 0
 
 
+def block_devices(root: str, pid: int | None) -> list[Path]:
+    """The sysfs ``stat`` file of each block device a root's bytes come from: its own filesystem's,
+    or for a FUSE root (``pid``: its daemon), those of the files the daemon holds open (dlfs's
+    shards, a squashfs image, a tar). Empty for memory-backed filesystems."""
+    paths = [root] if pid is None else [fd.path for fd in os.scandir(f"/proc/{pid}/fd")]
+    devices = set()
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:  # closed since it was listed
+            continue
+        if pid is None or stat.S_ISREG(st.st_mode):
+            devices.add(st.st_dev)
+    found = (Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") for dev in sorted(devices))
+    return [path for path in found if path.exists()]
+
+
+def _disk_counters(devices: list[Path]) -> np.ndarray:
+    """Per device: reads completed, sectors read, milliseconds with I/O in flight (the kernel's
+    Documentation/block/stat.rst, fields 1, 3 and 10)."""
+    fields = [path.read_text().split() for path in devices]
+    return np.array([[int(f[0]), int(f[2]), int(f[9])] for f in fields], dtype=np.int64).reshape(-1, 3)
+
+
 def daemon_pid(root: str) -> int | None:
     """The process serving the FUSE mount at ``root``: it holds /dev/fuse and names ``root`` in argv.
 
@@ -377,7 +404,8 @@ def published_order(roots: Sequence[Root], epoch: int) -> list[str]:
 
 
 def run_once(root: Root, job: str, items: Sequence[str], options: Options) -> dict[str, float]:
-    """One timed pass of ``job`` over ``items`` on ``root``: throughput, latency, CPU, daemon RSS."""
+    """One timed pass of ``job`` over ``items`` on ``root``: throughput, latency, CPU, daemon RSS,
+    and the disk figures where the root sits on block devices."""
     if options.cold:
         drop_caches()
     if job == "orderread" and _is_dlfs(root):
@@ -385,7 +413,10 @@ def run_once(root: Root, job: str, items: Sequence[str], options: Options) -> di
     pid = daemon_pid(root.path)
     daemon_cpu = proc_cpu(pid) if pid else 0.0
     rss_before = proc_rss(pid) if pid else 0
+    devices = block_devices(root.path, pid)
+    disk = _disk_counters(devices)
     seconds, shares = _run_readers(job, root.path, items, options.readers, options.processes)
+    disk = _disk_counters(devices) - disk
     latencies = np.fromiter((x for s in shares for x in s.latencies), dtype=np.float64) * 1e6
     p50, p99, p999 = np.percentile(latencies, [50, 99, 99.9]) if latencies.size else (0.0, 0.0, 0.0)
     nbytes = sum(s.nbytes for s in shares)
@@ -404,6 +435,12 @@ def run_once(root: Root, job: str, items: Sequence[str], options: Options) -> di
             "daemon_cpu_s": proc_cpu(pid) - daemon_cpu,
             "daemon_rss_before": float(rss_before),
             "daemon_rss_after": float(proc_rss(pid)),
+        }
+    if devices:  # the busiest device's share of the run with I/O in flight, as fio's util
+        run |= {
+            "disk_reads": float(disk[:, 0].sum()),
+            "disk_read_mb": float(disk[:, 1].sum()) * 512 / 1e6,
+            "disk_busy": min(float(disk[:, 2].max()) / 1e3 / seconds, 1.0),
         }
     return run
 
@@ -465,6 +502,7 @@ def table(results: Sequence[Result]) -> str:
     head = (
         f"{'job':10}{'root':16}{'items':>9}{'items/s':>11}{'(min-max)':>20}{'MB/s':>9}"
         f"{'p50 us':>9}{'p99 us':>9}{'p99.9 us':>10}{'cpu rd s':>9}{'cpu fs s':>9}{'fs RSS MiB':>11}"
+        f"{'disk %':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
@@ -479,6 +517,7 @@ def table(results: Sequence[Result]) -> str:
         lines.append(
             f"{r.job:10}{r.root[:15]:16}{r.items:9,}{m['items_per_s']:11,.0f}{spread:>20}{m['mb_per_s']:9,.1f}"
             f"{m['p50_us']:9,.0f}{m['p99_us']:9,.0f}{m['p999_us']:10,.0f}{m['reader_cpu_s']:9.2f}{daemon}"
+            + (f"{100 * m['disk_busy']:7.0f}" if "disk_busy" in m else f"{'-':>7}")
         )
     return "\n".join(lines)
 

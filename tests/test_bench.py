@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +86,40 @@ def test_every_job_counts_the_same_work_on_native_and_dlfs(
             if job in bench.READ_JOBS:
                 assert all(run["bytes"] == tree_bytes(tree) for run in result["runs"]), (job, label)
     assert jobs["orderread"]["mine"]["median"]["daemon_rss_after"] > 0
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem on a block device of its own: a loop-mounted ext4 image (tools/slowdisk.py,
+    unthrottled: no process enters its cgroup)."""
+    mnt, slowdisk = tmp_path / "disk", Path(__file__).resolve().parent.parent / "tools" / "slowdisk.py"
+    subprocess.run([sys.executable, slowdisk, "up", mnt, "--size", "64M"], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run([sys.executable, slowdisk, "down", mnt], check=True, capture_output=True)
+
+
+def test_disk_figures_count_what_the_root_read_from_its_device(tree: Path, disk: Path, mount: object) -> None:
+    """A native tree and a dlfs mount of shards on one device: a cold read of either shows the
+    device reading at least the tree's bytes; a root in memory has no disk figures."""
+    shutil.copytree(tree, disk / "src")
+    dlfs("pack", disk / "src", disk / "dataset")
+    items = bench.Tree.walk(str(tree)).files
+    cold = bench.Options(cold=True)
+    with mount(disk / "dataset", "--prefetch-budget", "0") as mnt:  # type: ignore[operator]
+        runs = {
+            root: bench.run_once(bench.Root(root, str(path)), "seqread", items, cold)
+            for root, path in {"native": disk / "src", "dlfs": mnt}.items()
+        }
+    for root, run in runs.items():
+        assert run["disk_read_mb"] * 1e6 >= tree_bytes(tree), (root, run)
+        assert run["disk_reads"] > 0 and 0 < run["disk_busy"] <= 1, (root, run)
+    assert bench.block_devices(str(disk), None)[0].parent.name == (
+        f"{os.major(disk.stat().st_dev)}:{os.minor(disk.stat().st_dev)}"
+    )
+    in_memory = bench.run_once(bench.Root("proc", "/proc/self"), "stat", ["status"], bench.Options())
+    assert "disk_busy" not in in_memory
 
 
 def test_orderread_follows_the_published_order(tree: Path, tmp_path: Path, mount: object) -> None:

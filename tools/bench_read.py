@@ -2,8 +2,8 @@
 """Read every file in the published order: native vs dlfs with and without read-ahead, warm and cold.
 
 The reading is ``dlfs bench``'s ``orderread`` job (processes, like DataLoader workers; every file
-read whole and unbuffered, as ``dlfs.torch.pil_loader`` does). Reports files/s, MB/s and per-file
-latency p50/p99 (medians over --repeat runs), as a table and JSON. What this adds to ``dlfs bench``:
+read whole and unbuffered, as ``dlfs.torch.pil_loader`` does). Reports files/s, MB/s, per-file
+latency p50/p99 and the disk's busy share (medians over --repeat runs), as a table and JSON. What this adds to ``dlfs bench``:
 a fresh mount for every run, so no run profits from pages an earlier one left in the mount, and
 a cold start the way a training job has one: caches dropped, mount, ImageFolder's scan, then the
 epoch (``dlfs bench --cold`` drops the caches after the scan, so the kernel forgets the inodes too).
@@ -102,12 +102,12 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     print(f"\n{args.files:,} files, read whole in the published order, median of {args.repeat}")
-    print(f"{'case':36}{'readers':>8}{'files/s':>10}{'MB/s':>9}{'p50 us':>9}{'p99 us':>9}")
+    print(f"{'case':36}{'readers':>8}{'files/s':>10}{'MB/s':>9}{'p50 us':>9}{'p99 us':>9}{'disk %':>7}")
     for case, by_readers in results.items():
         for readers, row in by_readers.items():
             print(
                 f"{case:36}{readers:>8}{row['items_per_s']:10,.0f}{row['mb_per_s']:9,.0f}"
-                f"{row['p50_us']:9,.0f}{row['p99_us']:9,.0f}"
+                f"{row['p50_us']:9,.0f}{row['p99_us']:9,.0f}{100 * row.get('disk_busy', 0):7.0f}"
             )
 
 
