@@ -243,8 +243,12 @@ def proc_rss(pid: int) -> int:
 def block_devices(root: str, pid: int | None) -> list[Path]:
     """The sysfs ``stat`` file of each block device a root's bytes come from: its own filesystem's,
     or for a FUSE root (``pid``: its daemon), those of the files the daemon holds open (dlfs's
-    shards, a squashfs image, a tar). Empty for memory-backed filesystems."""
-    paths = [root] if pid is None else [fd.path for fd in os.scandir(f"/proc/{pid}/fd")]
+    shards, a squashfs image, a tar). Empty for memory-backed filesystems, and for a daemon whose
+    descriptors this user may not see."""
+    try:
+        paths = [root] if pid is None else [fd.path for fd in os.scandir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
     devices = set()
     for path in paths:
         try:
