@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
 from conftest import dlfs, drop_from_memory, wait_until
@@ -281,6 +282,16 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
     _assert_sentinels_only(before, after, len(paths))
+
+
+@pytest.mark.parametrize("batch", [1, 32, 64])
+@pytest.mark.parametrize("readers", [2, 4, 8, 12, 16, 32])
+def test_every_reader_of_a_sequence_meets_sentinels(readers: int, batch: int) -> None:
+    """DataLoader workers take every N-th item (or batch of B): each must meet sentinels, or the
+    cursor follows one worker only (at one file in 64, 8 workers taking single files left all
+    sentinels to worker 0)."""
+    sentinels = np.arange(0, 64 * SENTINEL_EVERY * readers * batch, SENTINEL_EVERY)
+    assert set((sentinels // batch % readers).tolist()) == set(range(readers))
 
 
 def _engine(
