@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
 SMALL_SHARD = 64 * 1024
 FIXED_NS = 1_600_000_000_123_456_789
@@ -37,6 +38,13 @@ def dlfs(
     if check and result.returncode != 0:
         raise AssertionError(f"dlfs {' '.join(map(str, args))} failed: {result.stderr}")
     return result
+
+
+def tool(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run one of ``tools/`` (a path under ``TOOLS``) with this interpreter; fail on a non-zero exit."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=True
+    )
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import _is_mounted, assert_one_line_error, dlfs, write
+from conftest import TOOLS, _is_mounted, assert_one_line_error, dlfs, tool, write
 
 from dlfs import bench
 
@@ -92,12 +92,12 @@ def test_every_job_counts_the_same_work_on_native_and_dlfs(
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A filesystem on a block device of its own: a loop-mounted ext4 image (tools/slowdisk.py,
     unthrottled: no process enters its cgroup)."""
-    mnt, slowdisk = tmp_path / "disk", Path(__file__).resolve().parent.parent / "tools" / "slowdisk.py"
-    subprocess.run([sys.executable, slowdisk, "up", mnt, "--size", "64M"], check=True, capture_output=True)
+    mnt = tmp_path / "disk"
+    tool(TOOLS / "slowdisk.py", "up", mnt, "--size", "64M")
     try:
         yield mnt
     finally:
-        subprocess.run([sys.executable, slowdisk, "down", mnt], check=True, capture_output=True)
+        tool(TOOLS / "slowdisk.py", "down", mnt)
 
 
 def test_disk_figures_count_what_the_root_read_from_its_device(tree: Path, disk: Path, mount: object) -> None:

@@ -9,17 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import dlfs
+from conftest import TOOLS, dlfs, tool
 from PIL import Image
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
 CLASSES, PER_CLASS = 3, 12
-
-
-def tool(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=True
-    )
 
 
 @pytest.fixture(scope="module")
