@@ -93,7 +93,8 @@ class ControlTree:
         self._first_order = self.root + 16
         self._order_keys: dict[tuple[int, int, int], int] = {}
         self._order_inodes: list[tuple[int, int, int]] = []
-        self._contents: OrderedDict[int, tuple[Reading, bytes]] = OrderedDict()
+        self._contents: OrderedDict[int, tuple[Reading, bytes | None]] = OrderedDict()
+        self._plain_names: bool | None = None
         self._stats_snapshot = b"{}\n"
         self._stats_time = time.time_ns()
         self._mounted_at = time.time_ns()
@@ -164,11 +165,14 @@ class ControlTree:
             return self._stats_snapshot
         if inode == self.config_file:
             return (json.dumps(self.config(), indent=2, sort_keys=True) + "\n").encode()
-        return self._order(inode)[1]
+        text = self._order(inode, text=True)[1]
+        assert text is not None
+        return text
 
     def reading(self, inode: int) -> Reading:
-        """The sequence behind an order file (generating it if needed: may take a second)."""
-        return self._order(inode)[0]
+        """The sequence behind an order file, without its text: the read-ahead starts on it while
+        the text (which the LOOKUP's size needs) is generated."""
+        return self._order(inode, text=False)[0]
 
     def read(self, inode: int, offset: int, size: int) -> bytes:
         return self.content(inode)[offset : offset + size]
@@ -190,25 +194,36 @@ class ControlTree:
             self._files = self.index.file_rows() if self.spec.mode == "block" else self.index.regular_rows()
         return self._files
 
-    def _order(self, inode: int) -> tuple[Reading, bytes]:
-        """The sequence and the published text of an order file, generated once and kept (LRU).
+    def _order(self, inode: int, text: bool) -> tuple[Reading, bytes | None]:
+        """The sequence and (if ``text``) the published text of an order file, generated once and
+        kept (LRU).
 
-        Called from worker threads (generating 1.28 M paths takes about a second), hence the lock.
+        Called from worker threads (the text of 1.28 M paths takes a fraction of a second), hence
+        the lock.
         """
         with self._lock:
             cached = self._contents.get(inode)
-            if cached is not None:
-                self._contents.move_to_end(inode)
-                return cached
-            return self._generate(inode)
+            if cached is None:
+                cached = self._contents[inode] = (self._sequence(inode), None)
+                if len(self._contents) > ORDER_CACHE:
+                    self._contents.popitem(last=False)
+            self._contents.move_to_end(inode)
+            if text and cached[1] is None:
+                cached = self._contents[inode] = (cached[0], self._text(cached[0].rows))
+            return cached
 
-    def _generate(self, inode: int) -> tuple[Reading, bytes]:
+    def _sequence(self, inode: int) -> Reading:
         epoch, world, rank = self._order_inodes[inode - self._first_order]
         files = self.files()
         rows = files[epoch_order(files.size, self.spec, epoch, world, rank)]
-        reading = Reading(epoch, world, rank, rows, self.spec.window if self.spec.mode == "block" else 0)
-        text = b"".join(escape(path) + b"\n" for path in self.index.paths(reading.rows))
-        self._contents[inode] = (reading, text)
-        if len(self._contents) > ORDER_CACHE:
-            self._contents.popitem(last=False)
-        return reading, text
+        return Reading(epoch, world, rank, rows, self.spec.window if self.spec.mode == "block" else 0)
+
+    def _text(self, rows: np.ndarray) -> bytes:
+        """One path per line; backslashes and newlines in names escaped (names holding them are
+        rare, and only then are paths built one by one)."""
+        if self._plain_names is None:
+            names = self.index.names
+            self._plain_names = not bool(np.any((names == ord("\\")) | (names == ord("\n"))))
+        if self._plain_names:
+            return self.index.path_lines(rows)
+        return b"".join(escape(path) + b"\n" for path in self.index.paths(rows))

@@ -238,6 +238,32 @@ class Index:
             out.append(prefix + blob[start:end])
         return out
 
+    def path_lines(self, rows: np.ndarray, chunk: int = 1 << 12) -> bytes:
+        """The paths of many rows, each followed by a newline, as one bytes object (unescaped).
+
+        Gathered with numpy, ``chunk`` rows at a time: built path by path in Python, 1.28 M paths
+        took 2.8 s, and an order file cannot answer its LOOKUP (which needs its size) before then.
+        """
+        folders, which = np.unique(self.parent[rows], return_inverse=True)
+        prefixes = [self.path(f) + b"/" if f != fmt.ROOT_ROW else b"" for f in folders.tolist()]
+        # Each path is three segments of ``source``: its folder's prefix, its name, a newline.
+        source = np.frombuffer(b"".join((self.names.tobytes(), b"\n", *prefixes)), dtype=np.uint8)
+        newline = self.names.size
+        prefix_len = np.fromiter(map(len, prefixes), dtype=np.int64, count=len(prefixes))
+        prefix_at = newline + 1 + np.cumsum(prefix_len) - prefix_len
+        name_at = self.name_off.astype(np.int64)
+        parts = []
+        for first in range(0, rows.size, chunk):
+            part, folder = rows[first : first + chunk], which[first : first + chunk]
+            starts = np.stack((prefix_at[folder], name_at[part], np.full(part.size, newline)), axis=1)
+            sizes = np.stack(
+                (prefix_len[folder], name_at[part + 1] - name_at[part], np.ones(part.size, np.int64)), axis=1
+            )
+            ends = np.cumsum(sizes.ravel())
+            gather = np.repeat(starts.ravel() - ends + sizes.ravel(), sizes.ravel()) + np.arange(ends[-1])
+            parts.append(source[gather].tobytes())
+        return b"".join(parts)
+
     def regular_rows(self) -> np.ndarray:
         """Rows of regular files in row order."""
         return np.flatnonzero(self._kind == stat.S_IFREG)

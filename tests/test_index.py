@@ -79,6 +79,9 @@ def test_index_resolves_every_path_and_lists_every_directory(tree: dict[bytes, o
         assert [index.name(r) for r in index.children(fmt.ROOT_ROW)] == sorted(tree)
         every = range(index.count)
         assert [index.attrs(row) for row in every] == index.attrs_run(every), "scalar and run agree"
+        rows = np.random.default_rng(index.count).permutation(np.arange(1, index.count))
+        lines = b"".join(path + b"\n" for path in index.paths(rows))
+        assert index.path_lines(rows, chunk=3) == lines, "paths built one by one and gathered agree"
 
 
 def test_children_of_a_file_is_empty_and_root_is_not_its_own_child(tmp_path: Path) -> None:
