@@ -125,18 +125,19 @@ static aio_context_t thread_context(void) {
     return ctx;
 }
 
-/* Reads [first, n) straight from the device (O_DIRECT descriptors), all at once with Linux AIO, so
- * the disk works on them side by side; each read's files are delivered once it and those before it
- * are done. Nothing lands in the shards' page cache: the files' only cached copy is the one pushed
- * to the mount. The buffer holds every read side by side, each widened to ALIGN boundaries.
- * Returns 0, or -errno when nothing could be submitted (nothing was read). */
-static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int first, int n, const int32_t *fds,
-                       const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths,
-                       const int32_t *ends, const struct files *f) {
+/* Reads which[0 .. m) straight from the device (O_DIRECT descriptors), all at once with Linux AIO,
+ * so the disk works on them side by side; each read's files are delivered once it and those before
+ * it are done. Nothing lands in the shards' page cache: the files' only cached copy is the one
+ * pushed to the mount. The buffer holds every read side by side, each widened to ALIGN boundaries.
+ * Returns how many of them were delivered (the caller reads the rest through the page cache), or
+ * -errno when nothing could be submitted. */
+static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, const int32_t *which, int m,
+                       const int32_t *fds, const int32_t *direct_fds, const int64_t *offsets,
+                       const int64_t *lengths, const int32_t *ends, const struct files *f) {
     uint8_t *base = (uint8_t *)(uintptr_t)align_up((int64_t)(uintptr_t)buffer);
     int64_t room = buffer_size - (base - buffer), need = 0;
-    for (int r = first; r < n; r++)
-        need += align_up(offsets[r] + lengths[r]) - align_down(offsets[r]);
+    for (int k = 0; k < m; k++)
+        need += align_up(offsets[which[k]] + lengths[which[k]]) - align_down(offsets[which[k]]);
     if (need > room)
         return -EFBIG;
     aio_context_t ctx = thread_context();
@@ -145,52 +146,53 @@ static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int fi
     struct iocb cbs[DEPTH], *list[DEPTH];
     int64_t results[DEPTH], slot = 0;
     uint8_t *data[DEPTH];
-    int submitted = first, done = first;
-    while (done < n) {
+    int submitted = 0, done = 0;
+    while (done < m) {
         int batch = 0;
-        for (; submitted + batch < n && submitted + batch - done < DEPTH; batch++) {
-            int r = submitted + batch;
+        for (; submitted + batch < m && submitted + batch - done < DEPTH; batch++) {
+            int k = submitted + batch, r = which[k];
             int64_t start = align_down(offsets[r]), size = align_up(offsets[r] + lengths[r]) - start;
-            struct iocb *cb = &cbs[r % DEPTH];
+            struct iocb *cb = &cbs[k % DEPTH];
             memset(cb, 0, sizeof *cb);
-            cb->aio_data = (uint64_t)r;
+            cb->aio_data = (uint64_t)k;
             cb->aio_lio_opcode = IOCB_CMD_PREAD;
             cb->aio_fildes = (uint32_t)direct_fds[r];
             cb->aio_buf = (uint64_t)(uintptr_t)(base + slot);
             cb->aio_nbytes = (uint64_t)size;
             cb->aio_offset = start;
-            data[r % DEPTH] = base + slot;
-            results[r % DEPTH] = INT64_MIN;
+            data[k % DEPTH] = base + slot;
+            results[k % DEPTH] = INT64_MIN;
             list[batch] = cb;
             slot += size;
         }
         long took = batch ? syscall(SYS_io_submit, ctx, batch, list) : 0;
         if (took > 0)
             submitted += (int)took;
-        for (int r = submitted; r < submitted + batch - (took > 0 ? took : 0); r++)
-            slot -= align_up(offsets[r] + lengths[r]) - align_down(offsets[r]); /* not taken: reuse */
+        for (int k = submitted; k < submitted + batch - (took > 0 ? took : 0); k++) /* not taken: reuse */
+            slot -= align_up(offsets[which[k]] + lengths[which[k]]) - align_down(offsets[which[k]]);
         if (submitted == done) /* the kernel took nothing: stop here, the caller reads the rest */
-            return done == first ? -EAGAIN : done;
+            return done ? done : -EAGAIN;
         while (results[done % DEPTH] == INT64_MIN) {
             struct io_event events[DEPTH];
             long got = syscall(SYS_io_getevents, ctx, 1, DEPTH, events, NULL);
             if (got < 0 && errno != EINTR) { /* a broken context: drop it, the caller reads the rest */
                 pthread_setspecific(context_key, NULL);
                 context_destroy((void *)(uintptr_t)ctx); /* waits for what is in flight */
-                return done == first ? -EAGAIN : done;
+                return done ? done : -EAGAIN;
             }
             for (long e = 0; e < got; e++)
                 results[events[e].data % DEPTH] = events[e].res;
         }
-        int64_t start = align_down(offsets[done]), got = results[done % DEPTH];
+        int r = which[done];
+        int64_t start = align_down(offsets[r]), got = results[done % DEPTH];
         if (got < 0) { /* say the filesystem refuses this direct read: take it through the page cache */
-            start = offsets[done];
-            got = read_all(fds[done], data[done % DEPTH], lengths[done], start, 0);
+            start = offsets[r];
+            got = read_all(fds[r], data[done % DEPTH], lengths[r], start, 0);
         }
-        deliver(fuse_fd, f, done ? ends[done - 1] : 0, ends[done], start, data[done % DEPTH], got);
+        deliver(fuse_fd, f, r ? ends[r - 1] : 0, ends[r], start, data[done % DEPTH], got);
         done++;
     }
-    return n;
+    return m;
 }
 
 /* Storage reads, each followed by the files it holds. Read r (lengths[r] bytes at offsets[r] of
@@ -200,37 +202,37 @@ static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int fi
  * errno: EIO (checksum mismatch, or the shard ends early), ENOENT (the kernel does not know the
  * inode), EFBIG (the read is larger than the buffer), or the error of the read or of the push.
  *
- * Storage is read through the page cache while it holds what is asked for (cachestat says so, and a
- * read that would wait after all is refused, RWF_NOWAIT). From the first read that would wait, or from the start with `direct`,
- * the rest is read with O_DIRECT from direct_fds (where one is -1: through the page cache), all at
- * once. Returns 1 when it read directly, else 0. */
-int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int direct, int n_reads, const int32_t *fds,
+ * Each read goes where its bytes are: through the page cache when it holds all of them (cachestat
+ * says so, and a read that would wait after all is refused, RWF_NOWAIT), else with O_DIRECT from
+ * direct_fds (where one is -1: through the page cache), all such reads at once. A batch that found
+ * storage cold used to read all of its remaining reads directly: a few pages missing from a warm
+ * shard then sent hundreds of cached files to the disk. Returns 1 when it read directly, else 0. */
+int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int n_reads, const int32_t *fds,
                     const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths, const int32_t *ends,
                     const int64_t *file_offsets, const int64_t *file_lengths, const uint64_t *checksums,
                     const uint64_t *nodeids, int32_t *status) {
     struct files f = {file_offsets, file_lengths, checksums, nodeids, status};
-    int r = 0;
-    for (; r < n_reads; r++) {
+    int32_t which[n_reads];
+    int m = 0;
+    for (int r = 0; r < n_reads; r++) {
         int may_wait = direct_fds[r] < 0;
-        if (!may_wait && (direct || cached(fds[r], offsets[r], lengths[r]) == 0))
-            break;
+        if (!may_wait && cached(fds[r], offsets[r], lengths[r]) == 0) {
+            which[m++] = r;
+            continue;
+        }
         int64_t got = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], !may_wait);
         if (got == -EAGAIN && !may_wait)
-            break;
-        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
+            which[m++] = r;
+        else
+            deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
     }
-    if (r == n_reads)
+    if (!m)
         return 0;
-    int rest = r;
-    while (r < n_reads && direct_fds[r] >= 0)
-        r++;
-    if (r == n_reads) { /* every shard left has a direct descriptor */
-        int got = read_direct(fuse_fd, buffer, buffer_size, rest, n_reads, fds, direct_fds, offsets, lengths, ends, &f);
-        rest = got < 0 ? rest : got;
-    }
-    for (r = rest; r < n_reads; r++) { /* through the page cache after all */
-        int64_t got = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], 0);
-        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
+    int got = read_direct(fuse_fd, buffer, buffer_size, which, m, fds, direct_fds, offsets, lengths, ends, &f);
+    for (int k = got < 0 ? 0 : got; k < m; k++) { /* through the page cache after all */
+        int r = which[k];
+        int64_t read = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], 0);
+        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, read);
     }
     return 1;
 }

@@ -511,7 +511,7 @@ class Prefetcher:
         rows, positions = rows[order], positions[order]
         starts, lengths, checksums = index.offset[rows], index.stored[rows], index.checksum[rows]
         deferred: list[np.ndarray] = []
-        direct = False
+        cold = False
         for first, last in self._chunks(read_ends, NativePusher.buffer_shares(read_starts, read_lengths)):
             done = int(read_ends[first - 1]) if first else 0
             span = slice(done, int(read_ends[last - 1]))
@@ -520,12 +520,11 @@ class Prefetcher:
                 self._pending.difference_update(rows[span][~waited].tolist())
             status, went_direct = self.native.push(
                 self._buffer(self.native.buffer_size(reads[2, first:last], reads[3, first:last])),
-                direct,
                 (*reads[:, first:last], read_ends[first:last] - done),
                 (starts[span], lengths[span], checksums[span], np.where(waited, -1, rows[span])),
             )
-            if went_direct and not direct:  # storage is slow: read the rest of the batch directly too
-                direct = True
+            if went_direct and not cold:
+                cold = True
                 self.stats.cold_batches += 1
             self._count_native(rows[span][~waited], status[~waited])
             deferred.append(np.flatnonzero(waited | (status == errno.ENOENT)) + done)

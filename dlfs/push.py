@@ -40,7 +40,7 @@ class NativePusher:
         self._call = lib.dlfs_push_files
         self._call.restype = ctypes.c_int
         self._call.argtypes = [
-            ctypes.c_int, _u8, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+            ctypes.c_int, _u8, ctypes.c_int64, ctypes.c_int,
             _i32, _i32, _i64, _i64, _i32, _i64, _i64, _u64, _u64, _i32,
         ]  # fmt: skip
 
@@ -67,7 +67,6 @@ class NativePusher:
     def push(
         self,
         buffer: np.ndarray,
-        direct: bool,
         reads: tuple[np.ndarray, ...],
         files: tuple[np.ndarray, ...],
     ) -> tuple[np.ndarray, bool]:
@@ -76,11 +75,10 @@ class NativePusher:
 
         ``reads``: columns descriptor, O_DIRECT descriptor (or -1), offset, length, and one past the
         index of the last file each holds. ``files``: columns shard offset, length, checksum, row
-        (-1: check only). A read goes through the page cache while it holds the bytes; from the
-        first that would wait for storage (from the start with ``direct``), the rest are read
-        directly, all at once. Returns each file's status (0: done; else an errno: EIO damaged,
-        ENOENT the kernel does not know the inode yet, or the read's or the push's error) and
-        whether it read directly.
+        (-1: check only). A read goes through the page cache when it holds all its bytes; the
+        others are read directly, all at once. Returns each file's status (0: done; else an errno:
+        EIO damaged, ENOENT the kernel does not know the inode yet, or the read's or the push's
+        error) and whether it read directly.
         """
         fds, direct_fds, offsets, lengths, ends = (
             np.ascontiguousarray(a, t) for a, t in zip(reads, _READ, strict=True)
@@ -89,7 +87,7 @@ class NativePusher:
         nodeids = np.where(rows >= 0, rows.astype(np.uint64) + self.first_inode, np.uint64(0))
         status = np.empty(rows.size, dtype=np.int32)
         cold = self._call(
-            self.fuse_fd, buffer, buffer.size, direct, fds.size, fds, direct_fds, offsets, lengths, ends,
+            self.fuse_fd, buffer, buffer.size, fds.size, fds, direct_fds, offsets, lengths, ends,
             np.ascontiguousarray(at, dtype=np.int64), np.ascontiguousarray(size, dtype=np.int64),
             np.ascontiguousarray(checksum, dtype=np.uint64), nodeids, status,
         )  # fmt: skip

@@ -106,13 +106,19 @@ def shard(on_disk: Path) -> Iterator[Shard]:
 
 
 def _push(
-    pusher: NativePusher, shard: Shard, groups: list[list[int]], rows: np.ndarray, direct: bool = False
+    pusher: NativePusher,
+    shard: Shard,
+    groups: list[list[int]],
+    rows: np.ndarray,
+    direct_fds: list[int] | None = None,
 ) -> tuple[np.ndarray, bool]:
     reads = shard.reads(groups)
+    if direct_fds is not None:
+        reads = (reads[0], np.array(direct_fds), *reads[2:])
     order = [i for g in groups for i in g]
     files = (shard.offsets[order], shard.lengths[order], shard.checksums[order], rows)
     buffer = np.empty(NativePusher.buffer_size(reads[2], reads[3]), dtype=np.uint8)
-    return pusher.push(buffer, direct, reads, files)
+    return pusher.push(buffer, reads, files)
 
 
 GROUPS = [[0, 1, 2], [3], [4, 5], [6]]
@@ -158,14 +164,34 @@ def test_cold_storage_is_read_directly_and_stays_out_of_the_page_cache(
     status, direct = _push(pusher, shard, GROUPS, rows)
     assert direct and status.tolist() == [0] * len(PAYLOADS)
     assert _messages(kernel[0]) == [(row + 1, data) for row, data in enumerate(PAYLOADS) if data]
-    # Only the first read went through the page cache: the one that found storage slow.
+    # Nothing went through the page cache: the shard's stays (almost) empty.
     first_read, everything = (-(-n // 4096) for n in (int(shard.offsets[3]), os.path.getsize(shard.path)))
     assert cached_pages(shard.fd, os.path.getsize(shard.path)) <= first_read < everything // 10
-    # Once storage is known to be slow, every read of the call goes directly, even a cached one.
-    shard.path.read_bytes()
-    status, direct = _push(pusher, shard, GROUPS, rows, direct=True)
+
+
+def test_reads_the_page_cache_holds_skip_the_disk_in_a_cold_call(
+    kernel: tuple[int, int], shard: Shard
+) -> None:
+    """A read goes where its bytes are. A call used to read everything after its first cold read
+    directly: a few pages missing from a warm shard sent hundreds of cached files to the disk."""
+    # Reading the cached ones directly would read a decoy: every byte flipped, every file damaged.
+    decoy = shard.path.with_name("decoy")
+    decoy.write_bytes(bytes(b ^ 0xFF for b in shard.path.read_bytes()))
+    drop_from_memory(shard.path)
+    for group in GROUPS[1], GROUPS[3]:  # the second and the last read are cached, the others not
+        os.pread(shard.fd, int(shard.lengths[group[0]]), int(shard.offsets[group[0]]))
+    decoy_fd = os.open(decoy, os.O_RDONLY | os.O_DIRECT)
+    try:
+        direct_fds = [shard.direct_fd, decoy_fd, shard.direct_fd, decoy_fd]
+        status, direct = _push(
+            NativePusher(kernel[1], FIRST_INODE), shard, GROUPS, np.arange(len(PAYLOADS)), direct_fds
+        )
+    finally:
+        os.close(decoy_fd)
     assert direct and status.tolist() == [0] * len(PAYLOADS)
-    assert len(_messages(kernel[0])) == 6
+    assert sorted(_messages(kernel[0])) == sorted(
+        (row + 1, data) for row, data in enumerate(PAYLOADS) if data
+    )
 
 
 def test_storage_that_turns_slow_midway_is_read_directly_from_there(
