@@ -51,6 +51,15 @@ def test_names_with_newlines_and_backslashes_round_trip() -> None:
         assert b"\n" not in escape(name)
 
 
+@pytest.mark.parametrize(
+    "odd", [b"", b"new\nline", b"back\\slash", b"\xff\xfe not utf-8", b"caf\xc3\xa9/\xe2\x82"]
+)
+def test_an_order_file_parses_to_the_names_os_walk_gives(odd: bytes) -> None:
+    paths = [b"n01/a.JPEG", b"n02/b c.JPEG", *([odd] if odd else []), b"\xc3\xa9t\xc3\xa9/x"]
+    text = b"".join(escape(path) + b"\n" for path in paths)
+    assert parse_order(text) == [os.fsdecode(path) for path in paths]
+
+
 def test_bad_order_names_are_not_found(packed: Path, mount) -> None:
     with mount(packed) as mnt:
         order = Path(mnt) / ".dlfs" / "order"
