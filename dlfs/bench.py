@@ -194,12 +194,10 @@ def _run_readers(
         ctx = mp.get_context("fork")
         barrier: Any = ctx.Barrier(readers + 1)
         pipes = [ctx.Pipe(duplex=False) for _ in range(readers)]
-        procs = [
+        workers: list[Any] = [
             ctx.Process(target=_process_reader, args=(job, root, items[k::readers], barrier, pipes[k][1]))
             for k in range(readers)
         ]
-        for proc in procs:
-            proc.start()
     else:
         barrier = threading.Barrier(readers + 1)
 
@@ -211,17 +209,23 @@ def _run_readers(
             except BaseException as exc:
                 shares.append(exc)
 
-        procs = [threading.Thread(target=thread_reader, args=(k,)) for k in range(readers)]
-        for proc in procs:
-            proc.start()
+        workers = [threading.Thread(target=thread_reader, args=(k,)) for k in range(readers)]
+    for worker in workers:
+        worker.start()
     barrier.wait(START_TIMEOUT)
     started = time.perf_counter()
-    arm()
+    try:
+        arm()
+    except BaseException:
+        barrier.abort()  # the readers give up at once instead of waiting out START_TIMEOUT
+        for worker in workers:
+            worker.join()
+        raise
     barrier.wait(START_TIMEOUT)
     if processes:
         shares = [recv.recv() for recv, _ in pipes]
-    for proc in procs:
-        proc.join()
+    for worker in workers:
+        worker.join()
     for share in shares:
         if isinstance(share, BaseException):
             raise BenchError(f"{job} on {root} failed: {share}") from share

@@ -242,4 +242,44 @@ def test_arming_the_read_ahead_counts_in_the_run(
         root = bench.Root.parse(str(mnt))
         items = bench.published_order([root], epoch=0)
         run = bench.run_once(root, "orderread", items, bench.Options(readers=2, processes=processes))
-    assert run["seconds"] >= pause
+        assert run["seconds"] >= pause
+
+        def broken_order_file(root: bench.Root, epoch: int) -> Path:
+            raise OSError("the order file went away")
+
+        monkeypatch.setattr(bench, "_order_file", broken_order_file)
+        began = time.monotonic()
+        with pytest.raises(OSError, match="went away"):
+            bench.run_once(root, "orderread", items, bench.Options(readers=2, processes=processes))
+        assert time.monotonic() - began < bench.START_TIMEOUT / 2, "readers left waiting at the start line"
+
+
+def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
+    """``tools/bench_scale.py`` end to end on a small tree, the order file's steps included."""
+    out = tool(
+        TOOLS / "bench_scale.py",
+        "--files",
+        "300",
+        "--classes",
+        "3",
+        "--repeat",
+        "1",
+        "--work",
+        tmp_path,
+        "--json",
+    )
+    results = json.loads(out.stdout)
+    assert results["entries"] == 300 + 3 + 1 and results["pack_seconds"] > 0
+    assert results["rss_after_mount"] > 0 and results["mount_seconds"] > 0
+    timed = (
+        "native_scan",
+        "dlfs_scan",
+        "native_scan_cold",
+        "dlfs_scan_cold",
+        "order_lookup",
+        "order_read",
+        "order_parse",
+    )
+    for key in timed:
+        assert results[key]["median"] > 0, key
+    assert not _is_mounted(tmp_path / "mnt")
