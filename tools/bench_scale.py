@@ -3,14 +3,17 @@
 
 Builds (once, reused later) a tree of ``--files`` tiny files in ImageNet's 1000 class folders,
 packs it, mounts it, and times ``find MNT | wc -l`` and an ImageFolder-style class scan on the
-mount and on the native tree in the same run. Prints a table and, with ``--json``, JSON.
+mount and on the native tree in the same run, and what a sampler waits for at an epoch's start
+(the order file's LOOKUP, read and parse). Prints a table and, with ``--json``, JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -30,6 +33,24 @@ from benchlib import (
     rss_bytes,
     timed,
 )
+
+from dlfs.control import parse_order
+
+#: Steps of reading an epoch's order file, as a sampler does at the start of each epoch.
+ORDER_STEPS = ("order_lookup", "order_read", "order_parse")
+
+
+def order_steps(mnt: Path, repeat: int) -> dict[str, dict[str, float]]:
+    """Each step's wall time over ``repeat`` fresh epochs: the order file's LOOKUP (which arms the
+    read-ahead and generates the text), its read, and the parse."""
+    times: dict[str, list[float]] = {step: [] for step in ORDER_STEPS}
+    for epoch in range(repeat):
+        path = mnt / ".dlfs" / "order" / f"epoch-{epoch}"
+        times["order_lookup"].append(timed(path.stat)[0])
+        took, text = timed(path.read_bytes)
+        times["order_read"].append(took)
+        times["order_parse"].append(timed(functools.partial(parse_order, text))[0])
+    return {step: {"median": statistics.median(t), "min": min(t), "max": max(t)} for step, t in times.items()}
 
 
 def main() -> None:
@@ -97,6 +118,7 @@ def main() -> None:
                     args.repeat, lambda: imagefolder_scan(str(mnt)), before=drop_caches
                 )
             results["rss_after_all"] = rss_bytes(pid)
+            results |= order_steps(mnt, args.repeat)  # last: it arms the read-ahead
     results["mount_seconds"] = sorted(mount_times)[len(mount_times) // 2]
     results["mount_seconds_all"] = mount_times
     results["when"] = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -126,6 +148,8 @@ def main() -> None:
             b = results[dlfs_key]["median"]  # type: ignore[index]
             print(f"{label:24}{a:9.2f}s{b:9.2f}s{b / a:12.2f}x")
     print(f"find on the mount right after mounting: {results['dlfs_find_first']:.2f} s")
+    steps = ", ".join(f"{k.removeprefix('order_')} {results[k]['median']:.2f} s" for k in ORDER_STEPS)  # type: ignore[index]
+    print(f"an epoch's order file: {steps}")
 
 
 if __name__ == "__main__":
