@@ -18,6 +18,8 @@ Jobs:
 - ``seqread`` / ``randread`` / ``orderread``: read every file whole, in tree order / a seeded random
   order / the published order of a dlfs root among the roots (which also arms its read-ahead). The
   same relative sequence is used on every root, so each reads the same files in the same order.
+  A run's clock starts when its readers are ready, before a dlfs root's order file is read again:
+  the read-ahead gets no head start over the other roots.
 
 With N readers, reader k takes items k, k+N, ... of the sequence, so together they advance through it
 the way DataLoader workers do. fio is not driven: with ``--opendir`` it reads whole blocks only and
