@@ -62,17 +62,30 @@ NEIGHBOURS = 64
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
 MAX_READINGS = 16
 #: One file in this many is a sentinel (kept back from the page cache, so its READ shows where the
-#: reader is). Prime, so that readers taking every N-th file, or every N-th batch of B, all meet
-#: sentinels: at 64, with 8 readers each taking every 8th file, every sentinel fell to reader 0,
-#: the cursor followed that one reader, and the read-ahead stopped at its budget while the other
-#: seven drained it, then refilled all of it at once (the cursor jumped ~4,900 files at a time).
-SENTINEL_EVERY = 61
+#: reader is); ``sentinel_spacing`` picks one. Primes, so that readers taking every N-th file, or
+#: every N-th batch of B, all meet sentinels: at 64, with 8 readers each taking every 8th file, every
+#: sentinel fell to reader 0, the cursor followed that one reader, and the read-ahead stopped at its
+#: budget while the other seven drained it, then refilled all of it at once.
+SENTINEL_SPACINGS = (13, 31, 61, 127, 251, 509, 1021)
 
 Push = Callable[[int, bytes | memoryview], None]
 #: Does the kernel already cache every page of this row's file?
 InKernel = Callable[[int], bool]
 #: Make the kernel learn every entry of this directory row (list it through the mount).
 Reveal = Callable[[int], None]
+
+
+def sentinel_spacing(budget: int, mean_size: float) -> int:
+    """The widest spacing of sentinels that still puts eight of them within the budget.
+
+    Each sentinel's READ is a round trip through a daemon busy pushing (1-3 ms): at one file in 61,
+    a single reader spent half its warm epoch on them (20k JPEGs: 328 sentinels, 1.23 of 2.16 s).
+    The cursor lags the reader by up to one spacing, which a budget holding eight absorbs. The
+    default budget and ImageNet-sized files give 509.
+    """
+    files = budget / max(mean_size, 1.0)
+    fitting = [every for every in SENTINEL_SPACINGS if 8 * every <= files]
+    return fitting[-1] if fitting else SENTINEL_SPACINGS[0]
 
 
 @dataclass
@@ -159,7 +172,7 @@ class Prefetcher:
         push: Push | None,
         budget: int = 512 << 20,
         max_inflight: int = 16,
-        sentinel_every: int = SENTINEL_EVERY,
+        sentinel_every: int | None = None,
         in_kernel: InKernel | None = None,
         reveal: Reveal | None = None,
     ) -> None:
@@ -176,6 +189,9 @@ class Prefetcher:
         self._spare_buffers: collections.deque[np.ndarray] = collections.deque()  # held by no batch now
         self.budget = budget
         self.max_inflight = max_inflight
+        if sentinel_every is None:
+            sizes = index.size[index.regular_rows()]
+            sentinel_every = sentinel_spacing(budget, float(sizes.mean()) if sizes.size else 0.0)
         self.sentinel_every = sentinel_every
         self.stats = PrefetchStats()
         self._near = np.concatenate([np.arange(-NEIGHBOURS, 0), np.arange(1, NEIGHBOURS + 1)])
@@ -730,6 +746,7 @@ class Prefetcher:
         return {
             **self.stats.as_dict(),
             "budget": self.budget,
+            "sentinel_every": self.sentinel_every,
             "inflight": self._inflight,
             "readings": follows,
         }

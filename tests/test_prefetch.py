@@ -19,7 +19,7 @@ from dlfs.cache import PayloadCache
 from dlfs.control import Reading, parse_order
 from dlfs.index import Index
 from dlfs.pagecache import cached_pages
-from dlfs.prefetch import SENTINEL_EVERY, Prefetcher
+from dlfs.prefetch import SENTINEL_SPACINGS, Prefetcher, sentinel_spacing
 from dlfs.reader import Reader
 from dlfs.store import LocalStore
 
@@ -51,10 +51,10 @@ def _read_all(paths: list[Path]) -> list[bytes]:
 
 
 def _assert_sentinels_only(before: dict, after: dict, files: int) -> None:
-    """Between two stats snapshots, only the sentinels (one file in ``SENTINEL_EVERY``) reached the
+    """Between two stats snapshots, only the sentinels (one file in ``sentinel_every``) reached the
     daemon."""
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    assert reads <= files // SENTINEL_EVERY + 2, (
+    assert reads <= files // after["prefetch"]["sentinel_every"] + 2, (
         f"{reads} of {files} read by the daemon (sentinels only)",
         after["prefetch"],
     )
@@ -284,14 +284,26 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
     _assert_sentinels_only(before, after, len(paths))
 
 
+@pytest.mark.parametrize("every", SENTINEL_SPACINGS)
 @pytest.mark.parametrize("batch", [1, 32, 64])
 @pytest.mark.parametrize("readers", [2, 4, 8, 12, 16, 32])
-def test_every_reader_of_a_sequence_meets_sentinels(readers: int, batch: int) -> None:
+def test_every_reader_of_a_sequence_meets_sentinels(readers: int, batch: int, every: int) -> None:
     """DataLoader workers take every N-th item (or batch of B): each must meet sentinels, or the
     cursor follows one worker only (at one file in 64, 8 workers taking single files left all
     sentinels to worker 0)."""
-    sentinels = np.arange(0, 64 * SENTINEL_EVERY * readers * batch, SENTINEL_EVERY)
+    sentinels = np.arange(0, 64 * every * readers * batch, every)
     assert set((sentinels // batch % readers).tolist()) == set(range(readers))
+
+
+def test_sentinels_are_as_sparse_as_the_budget_allows() -> None:
+    """Eight spacings fit in the budget; the default budget and ImageNet-sized files give 509."""
+    assert sentinel_spacing(512 << 20, 110_000) == 509
+    assert sentinel_spacing(64 << 20, 20_000) == 251
+    assert sentinel_spacing(1 << 20, 110_000) == SENTINEL_SPACINGS[0]  # a budget of a few files
+    assert sentinel_spacing(512 << 20, 0.0) == SENTINEL_SPACINGS[-1]  # empty files
+    for budget in (1 << 20, 64 << 20, 512 << 20, 4 << 30):
+        every = sentinel_spacing(budget, 110_000)
+        assert every == SENTINEL_SPACINGS[0] or 8 * every * 110_000 <= budget
 
 
 def _engine(
