@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dlfs.pagecache import cached_pages
+
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
@@ -58,11 +60,20 @@ def on_disk() -> Iterator[Path]:
 
 
 def drop_from_memory(path: Path) -> None:
-    """Evict a file's pages from the page cache, as if it had never been read (no root needed)."""
+    """Evict a file's pages from the page cache, as if it had never been read (no root needed).
+
+    Asked again until ``cachestat`` sees none left: right after a heavy benchmark a single pass once
+    left pages behind (two cold-storage tests then found their shards in memory).
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for _ in range(50):
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if cached_pages(fd, os.fstat(fd).st_size) in (0, None):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"{path}: pages stay in the page cache after 50 evictions")
     finally:
         os.close(fd)
 
