@@ -203,8 +203,7 @@ class ControlTree:
         """The sequence and (if ``text``) the published text of an order file, generated once and
         kept (LRU).
 
-        Called from worker threads (the text of 1.28 M paths takes a fraction of a second), hence
-        the lock.
+        Called from worker threads (the text of 1.28 M paths takes about a second), hence the lock.
         """
         with self._lock:
             cached = self._contents.get(inode)
