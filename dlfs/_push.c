@@ -84,16 +84,16 @@ static int push(int fuse_fd, uint64_t nodeid, const uint8_t *data, uint32_t len)
 }
 
 struct files {
+    const int32_t *ends; /* read r holds files ends[r-1] (0 for the first) to ends[r] */
     const int64_t *offsets, *lengths;
     const uint64_t *checksums, *nodeids;
     int32_t *status;
 };
 
-/* Check and push files [from, to), which a read of the shard at `start` put in `data` (got bytes,
- * or -errno). */
-static void deliver(int fuse_fd, const struct files *f, int from, int to, int64_t start, const uint8_t *data,
-                    int64_t got) {
-    for (int i = from; i < to; i++) {
+/* Check and push the files of read r, which put the shard's bytes from `start` in `data` (got
+ * bytes, or -errno). */
+static void deliver(int fuse_fd, const struct files *f, int r, int64_t start, const uint8_t *data, int64_t got) {
+    for (int i = r ? f->ends[r - 1] : 0; i < f->ends[r]; i++) {
         int64_t at = f->offsets[i] - start, len = f->lengths[i];
         if (got < 0)
             f->status[i] = (int32_t)-got;
@@ -107,6 +107,8 @@ static void deliver(int fuse_fd, const struct files *f, int from, int to, int64_
 
 static int64_t align_down(int64_t x) { return x & ~(int64_t)(ALIGN - 1); }
 static int64_t align_up(int64_t x) { return align_down(x + ALIGN - 1); }
+/* The room a direct read of len bytes at off takes: widened to ALIGN boundaries both ways. */
+static int64_t widened(int64_t off, int64_t len) { return align_up(off + len) - align_down(off); }
 
 /* Each thread's AIO context, made on its first direct read and destroyed when the thread ends: one
  * per call cost milliseconds, as io_destroy waits for an RCU grace period. */
@@ -133,11 +135,11 @@ static aio_context_t thread_context(void) {
  * -errno when nothing could be submitted. */
 static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, const int32_t *which, int m,
                        const int32_t *fds, const int32_t *direct_fds, const int64_t *offsets,
-                       const int64_t *lengths, const int32_t *ends, const struct files *f) {
+                       const int64_t *lengths, const struct files *f) {
     uint8_t *base = (uint8_t *)(uintptr_t)align_up((int64_t)(uintptr_t)buffer);
     int64_t room = buffer_size - (base - buffer), need = 0;
     for (int k = 0; k < m; k++)
-        need += align_up(offsets[which[k]] + lengths[which[k]]) - align_down(offsets[which[k]]);
+        need += widened(offsets[which[k]], lengths[which[k]]);
     if (need > room)
         return -EFBIG;
     aio_context_t ctx = thread_context();
@@ -151,7 +153,7 @@ static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, const 
         int batch = 0;
         for (; submitted + batch < m && submitted + batch - done < DEPTH; batch++) {
             int k = submitted + batch, r = which[k];
-            int64_t start = align_down(offsets[r]), size = align_up(offsets[r] + lengths[r]) - start;
+            int64_t start = align_down(offsets[r]), size = widened(offsets[r], lengths[r]);
             struct iocb *cb = &cbs[k % DEPTH];
             memset(cb, 0, sizeof *cb);
             cb->aio_data = (uint64_t)k;
@@ -169,7 +171,7 @@ static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, const 
         if (took > 0)
             submitted += (int)took;
         for (int k = submitted; k < submitted + batch - (took > 0 ? took : 0); k++) /* not taken: reuse */
-            slot -= align_up(offsets[which[k]] + lengths[which[k]]) - align_down(offsets[which[k]]);
+            slot -= widened(offsets[which[k]], lengths[which[k]]);
         if (submitted == done) /* the kernel took nothing: stop here, the caller reads the rest */
             return done ? done : -EAGAIN;
         while (results[done % DEPTH] == INT64_MIN) {
@@ -189,10 +191,16 @@ static int read_direct(int fuse_fd, uint8_t *buffer, int64_t buffer_size, const 
             start = offsets[r];
             got = read_all(fds[r], data[done % DEPTH], lengths[r], start, 0);
         }
-        deliver(fuse_fd, f, r ? ends[r - 1] : 0, ends[r], start, data[done % DEPTH], got);
+        deliver(fuse_fd, f, r, start, data[done % DEPTH], got);
         done++;
     }
     return m;
+}
+
+/* Read r through the page cache into the start of the buffer (nowait: only what is cached). */
+static int64_t read_cached(const int32_t *fds, const int64_t *offsets, const int64_t *lengths, int r,
+                           uint8_t *buffer, int64_t buffer_size, int nowait) {
+    return lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], nowait);
 }
 
 /* Storage reads, each followed by the files it holds. Read r (lengths[r] bytes at offsets[r] of
@@ -211,7 +219,7 @@ int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int n_rea
                     const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths, const int32_t *ends,
                     const int64_t *file_offsets, const int64_t *file_lengths, const uint64_t *checksums,
                     const uint64_t *nodeids, int32_t *status) {
-    struct files f = {file_offsets, file_lengths, checksums, nodeids, status};
+    struct files f = {ends, file_offsets, file_lengths, checksums, nodeids, status};
     int32_t which[n_reads];
     int m = 0;
     for (int r = 0; r < n_reads; r++) {
@@ -220,19 +228,18 @@ int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int n_rea
             which[m++] = r;
             continue;
         }
-        int64_t got = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], !may_wait);
+        int64_t got = read_cached(fds, offsets, lengths, r, buffer, buffer_size, !may_wait);
         if (got == -EAGAIN && !may_wait)
             which[m++] = r;
         else
-            deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, got);
+            deliver(fuse_fd, &f, r, offsets[r], buffer, got);
     }
     if (!m)
         return 0;
-    int got = read_direct(fuse_fd, buffer, buffer_size, which, m, fds, direct_fds, offsets, lengths, ends, &f);
+    int got = read_direct(fuse_fd, buffer, buffer_size, which, m, fds, direct_fds, offsets, lengths, &f);
     for (int k = got < 0 ? 0 : got; k < m; k++) { /* through the page cache after all */
         int r = which[k];
-        int64_t read = lengths[r] > buffer_size ? -EFBIG : read_all(fds[r], buffer, lengths[r], offsets[r], 0);
-        deliver(fuse_fd, &f, r ? ends[r - 1] : 0, ends[r], offsets[r], buffer, read);
+        deliver(fuse_fd, &f, r, offsets[r], buffer, read_cached(fds, offsets, lengths, r, buffer, buffer_size, 0));
     }
     return 1;
 }
