@@ -172,7 +172,6 @@ class Prefetcher:
         push: Push | None,
         budget: int = 512 << 20,
         max_inflight: int = 16,
-        sentinel_every: int | None = None,
         in_kernel: InKernel | None = None,
         reveal: Reveal | None = None,
     ) -> None:
@@ -189,10 +188,6 @@ class Prefetcher:
         self._spare_buffers: collections.deque[np.ndarray] = collections.deque()  # held by no batch now
         self.budget = budget
         self.max_inflight = max_inflight
-        if sentinel_every is None:
-            sizes = index.size[index.regular_rows()]
-            sentinel_every = sentinel_spacing(budget, float(sizes.mean()) if sizes.size else 0.0)
-        self.sentinel_every = sentinel_every
         self.stats = PrefetchStats()
         self._near = np.concatenate([np.arange(-NEIGHBOURS, 0), np.arange(1, NEIGHBOURS + 1)])
         self._follows: dict[tuple[int, int, int], _Follow] = {}
@@ -204,6 +199,13 @@ class Prefetcher:
         self._waiting: dict[int, trio.Event] = {}
         self._handed: dict[int, bytes] = {}
         self._wake = trio.Event()
+
+    @functools.cached_property
+    def sentinel_every(self) -> int:
+        """One file in this many is a sentinel (``sentinel_spacing``). Worked out when first needed,
+        not at mount start-up: the mean file size of 1.28 M files took 40 ms there."""
+        sizes = self.index.size[self.index.regular_rows()]
+        return sentinel_spacing(self.budget, float(sizes.mean()) if sizes.size else 0.0)
 
     @functools.cached_property
     def _storage(self) -> tuple[np.ndarray, np.ndarray]:
