@@ -13,7 +13,6 @@ import argparse
 import functools
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from benchlib import (
     imagefolder_scan,
     median_of,
     rss_bytes,
+    spread,
     timed,
 )
 
@@ -50,7 +50,7 @@ def order_steps(mnt: Path, repeat: int) -> dict[str, dict[str, float]]:
         took, text = timed(path.read_bytes)
         times["order_read"].append(took)
         times["order_parse"].append(timed(functools.partial(parse_order, text))[0])
-    return {step: {"median": statistics.median(t), "min": min(t), "max": max(t)} for step, t in times.items()}
+    return {step: spread(t) for step, t in times.items()}
 
 
 def main() -> None:

@@ -35,6 +35,11 @@ def median_of(
         if before:
             before()
         times.append(timed(fn)[0])
+    return spread(times)
+
+
+def spread(times: list[float]) -> dict[str, float]:
+    """Median, min and max of some timings, as every benchmark here reports them."""
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
