@@ -56,6 +56,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         force=args.force,
         skip_errors=args.skip_errors,
         progress=not args.quiet and not args.json,
+        sync=args.sync,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -266,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for --order random (default 0)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in DST")
     p.add_argument("--skip-errors", action="store_true", help="skip unreadable files with a warning")
+    p.add_argument(
+        "--no-sync",
+        dest="sync",
+        action="store_false",
+        help="do not wait for the disk before publishing (like tar or cp): for scratch copies",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_pack)
 

@@ -53,6 +53,9 @@ class PackOptions:
     force: bool = False
     skip_errors: bool = False
     progress: bool = True
+    #: Wait for the disk before publishing the index; off, pack is as safe as tar or cp: a power
+    #: loss soon after may leave shards shorter than the index says, which the mount refuses.
+    sync: bool = True
 
 
 @dataclass
@@ -412,7 +415,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
         raise PackError(f"source {src} does not exist")
     if not src_path.is_dir():
         raise PackError(f"source {src} is not a directory")
-    store = LocalStore(dst_path)
+    store = LocalStore(dst_path, durable=options.sync)
     started = time.monotonic()
     old_id = _check_destination(src_path, dst_path, store, options)
     lock_fd = os.open(dst_path, os.O_RDONLY | os.O_DIRECTORY)

@@ -20,7 +20,8 @@ class ShardWriter(Protocol):
     def write(self, data: bytes | memoryview) -> None: ...
 
     def commit(self) -> None:
-        """Make the written bytes durable under the final name."""
+        """Make the written bytes readable under the final name (durable, unless the store
+        was opened with ``durable=False``)."""
 
     def abort(self) -> None:
         """Forget the partial object."""
@@ -76,8 +77,12 @@ _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, 
 
 
 class _LocalWriter:
-    def __init__(self, path: Path) -> None:
+    """``durable``: ``commit`` returns once the bytes are on the disk; otherwise once the kernel
+    has them, like tar or cp."""
+
+    def __init__(self, path: Path, durable: bool) -> None:
         self._path = path
+        self._durable = durable
         self._file: BinaryIO = open(path, "wb", buffering=0)
         self._pending: list[bytes | memoryview] = []
         self._held = 0
@@ -92,7 +97,7 @@ class _LocalWriter:
         self._held += len(data)
         if self._held >= WRITE_BUFFER or len(self._pending) >= WRITE_GATHER:
             self._flush()
-        if self._written - self._started >= WRITEBACK_STEP:
+        if self._durable and self._written - self._started >= WRITEBACK_STEP:
             self._start_writeback()
 
     def _flush(self) -> None:
@@ -123,7 +128,8 @@ class _LocalWriter:
 
     def commit(self) -> None:
         self._flush()
-        os.fsync(self._file.fileno())
+        if self._durable:
+            os.fsync(self._file.fileno())
         self._file.close()
 
     def abort(self) -> None:
@@ -132,12 +138,18 @@ class _LocalWriter:
 
 
 class LocalStore:
-    """A directory on a local or network filesystem, read with ``pread`` on cached descriptors."""
+    """A directory on a local or network filesystem, read with ``pread`` on cached descriptors.
 
-    def __init__(self, root: str | os.PathLike[str], random_access: bool = False) -> None:
+    ``durable=False``: writes return without waiting for the disk (``dlfs pack --no-sync``).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], random_access: bool = False, durable: bool = True
+    ) -> None:
         self.root = Path(root)
         self.url = str(self.root)
         self.random_access = random_access
+        self.durable = durable
         self._fds: dict[str, int] = {}
         self._direct_fds: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -224,8 +236,11 @@ class LocalStore:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if self.durable:
+                os.fsync(f.fileno())
         os.replace(tmp, self.root / name)
+        if not self.durable:
+            return
         dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)
@@ -233,7 +248,7 @@ class LocalStore:
             os.close(dir_fd)
 
     def create(self, name: str) -> ShardWriter:
-        return _LocalWriter(self.root / name)
+        return _LocalWriter(self.root / name, self.durable)
 
     def delete(self, name: str) -> None:
         try:

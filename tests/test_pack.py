@@ -8,10 +8,13 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import DLFS, assert_one_line_error, dlfs, wait_until
 
 from dlfs import format as fmt
+from dlfs import store
 from dlfs.index import Index
+from dlfs.pack import PackOptions, pack
 from dlfs.store import LocalStore
 
 
@@ -138,3 +141,25 @@ def test_ls_lists_the_index_without_mounting(packed: Path) -> None:
     recursive = dlfs("ls", packed, "-R").stdout.splitlines()
     assert "deep/d0/d1" in recursive and "classes/n00000002/n00000002_19.JPEG" in recursive
     assert_one_line_error(dlfs("ls", packed, "no/such", check=False), "no such file")
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_no_sync_writes_the_same_dataset_without_waiting_for_the_disk(
+    odd_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: bool
+) -> None:
+    waits: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (waits.append("fsync"), real_fsync(fd))[1])
+    real_range = store._libc.sync_file_range
+    monkeypatch.setattr(
+        store._libc, "sync_file_range", lambda *a: (waits.append("sync_file_range"), real_range(*a))[1]
+    )
+    # Flushes and writeback starts even for a small tree.
+    monkeypatch.setattr(store, "WRITE_BUFFER", 1 << 10)
+    monkeypatch.setattr(store, "WRITEBACK_STEP", 1 << 10)
+    pack(odd_tree, tmp_path / "ds", PackOptions(sync=sync, progress=False))
+    if sync:
+        assert {"fsync", "sync_file_range"} <= set(waits)
+    else:
+        assert waits == []
+    assert dlfs("verify", tmp_path / "ds").returncode == 0  # every file's checksum
