@@ -45,11 +45,11 @@ def _human(n: float) -> str:
 
 
 def _cmd_pack(args: argparse.Namespace) -> int:
-    from dlfs.pack import PackOptions, pack
+    from dlfs.pack import DEFAULT_JOBS, PackOptions, pack
 
     options = PackOptions(
         shard_size=args.shard_size,
-        jobs=args.jobs,
+        jobs=args.jobs or DEFAULT_JOBS,
         compress=args.compress == "lz4",
         order=args.order,
         seed=args.seed,
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", help="the directory tree to pack")
     p.add_argument("dst", help="the dataset directory to write (created if missing)")
     p.add_argument("--shard-size", type=parse_size, default="1G", help="target shard size (default 1G)")
-    p.add_argument("--jobs", "-j", type=int, default=8, help="parallel file readers (default 8)")
+    p.add_argument("--jobs", "-j", type=int, help="parallel file readers (default 2 per CPU, at most 8)")
     p.add_argument(
         "--compress",
         choices=("none", "lz4"),

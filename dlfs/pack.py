@@ -15,7 +15,7 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,10 +43,16 @@ BATCH_BYTES = 4 << 20
 PROGRESS_EVERY = 256
 
 
+#: Readers: two per core, at most 8. Each writes what it has read at once, so more readers than
+#: that only evict each other's bytes from the caches: 20k JPEGs packed warm in 2.0-2.2 s with 4
+#: on 2 cores, 2.9-3.1 s with 8; from a cold disk 2, 4 or 8 made no difference (4.0-4.7 s).
+DEFAULT_JOBS = min(8, 2 * (os.cpu_count() or 1))
+
+
 @dataclass(frozen=True)
 class PackOptions:
     shard_size: int = 1 << 30
-    jobs: int = 8
+    jobs: int = DEFAULT_JOBS
     compress: bool = False
     order: str = "source"
     seed: int = 0
@@ -211,6 +217,8 @@ class _Payload:
     flags: int
     size: int
     checksum: int
+    #: Already written into the slot laid out for it (``stored`` is then empty).
+    in_place: bool = False
 
 
 def _prepare(path: bytes, size_hint: int, compress: bool) -> _Payload:
@@ -220,7 +228,16 @@ def _prepare(path: bytes, size_hint: int, compress: bool) -> _Payload:
 
 
 class _ShardSink:
-    """Appends payloads to numbered shards, starting a new one when the target size is reached."""
+    """Numbered shards of about ``target`` bytes; a file never spans two.
+
+    Filled in one of two ways. In order: ``place`` then ``write`` each payload, shard after
+    shard, for payloads whose stored size is known only once read (lz4). In place: ``lay_out``
+    gives every file its slot from the walk's sizes and opens every shard at once, and the
+    thread that read a file writes it into its slot (``write_at``) while its bytes are still in
+    that core's cache. Handed to one writer instead, the bytes are copied out of memory they
+    were read into long before, which here cost more than all of tar's work: 2.2 GB of JPEGs
+    packed in 3.4-3.9 s in order and 1.3-1.5 s in place (without fsyncs; tar cf took 2.8-4.2 s).
+    """
 
     def __init__(self, store: Store, dataset_id: str, target: int) -> None:
         self.store = store
@@ -230,6 +247,38 @@ class _ShardSink:
         self.created: list[str] = []
         self._writer: ShardWriter | None = None
         self._pos = 0
+        #: In place: every shard's writer and how far its slots (and appends) reach.
+        self.laid_out: list[ShardWriter] = []
+        self._ends: list[int] = []
+
+    def lay_out(self, sizes: list[int]) -> tuple[list[int], list[int]]:
+        """Shard number and offset for each file, in placement order, with every shard created."""
+        shards, offsets = [], []
+        for size in sizes:
+            if not self._ends or (self._ends[-1] > fmt.HEADER_SIZE and self._ends[-1] + size > self.target):
+                self._new_laid_out_shard()
+            shards.append(len(self._ends) - 1)
+            offsets.append(self._ends[-1])
+            self._ends[-1] += size
+        return shards, offsets
+
+    def _new_laid_out_shard(self) -> None:
+        number = len(self.created)
+        self.created.append(fmt.shard_name(self.dataset_id, number))
+        self.laid_out.append(self.store.create(self.created[-1]))
+        self.laid_out[-1].write_at(0, fmt.shard_header(self.dataset_id, number))
+        self._ends.append(fmt.HEADER_SIZE)
+
+    def end(self) -> tuple[int, int]:
+        """In place: where the next ``append`` goes, past every laid-out slot."""
+        return len(self._ends) - 1, self._ends[-1]
+
+    def append(self, length: int) -> tuple[int, int]:
+        """In place: a slot past every laid-out one, for a file that outgrew its own since the
+        walk (the last shard grows past the target)."""
+        shard, offset = self.end()
+        self._ends[-1] += length
+        return shard, offset
 
     def _roll(self) -> None:
         self._close()
@@ -258,12 +307,16 @@ class _ShardSink:
 
     def finish(self) -> list[tuple[str, int]]:
         self._close()
+        for number, writer in enumerate(self.laid_out):  # in place: every shard is laid out
+            writer.commit(self._ends[number])
+            self.done.append((self.created[number], self._ends[number]))
+        self.laid_out = []
         return self.done
 
     def abort(self) -> None:
-        if self._writer is not None:
-            self._writer.abort()
-            self._writer = None
+        for writer in [*([self._writer] if self._writer is not None else []), *self.laid_out]:
+            writer.abort()
+        self._writer, self.laid_out = None, []
         for name in self.created:
             self.store.delete(name)
 
@@ -276,6 +329,27 @@ def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[_Payl
             out.append(_prepare(path, size_hint, compress))
         except OSError as exc:
             out.append(exc)
+    return out
+
+
+#: In place: a file's shard writer and offset (its row -> its slot).
+_Slots = Callable[[int], tuple[ShardWriter, int]]
+
+
+def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[_Payload | OSError]:
+    """Read a run of files and write each into its slot at once, while its bytes are in cache.
+    A file that grew since the walk no longer fits: its bytes come back, to be appended."""
+    out: list[_Payload | OSError] = []
+    for path, size_hint, writer, offset in files:
+        try:
+            data = _read_whole(path, size_hint)
+        except OSError as exc:
+            out.append(exc)
+            continue
+        fits = len(data) <= size_hint
+        if fits:
+            writer.write_at(offset, data)
+        out.append(_Payload(b"" if fits else data, 0, len(data), fmt.checksum(data), in_place=fits))
     return out
 
 
@@ -298,9 +372,14 @@ def _batches(tree: _Tree, rows: np.ndarray) -> Iterator[list[int]]:
 
 
 def _read_ahead(
-    pool: ThreadPoolExecutor, tree: _Tree, rows: np.ndarray, options: PackOptions
+    pool: ThreadPoolExecutor,
+    tree: _Tree,
+    rows: np.ndarray,
+    options: PackOptions,
+    slots: _Slots | None,
 ) -> Iterator[tuple[int, _Payload | OSError | None]]:
-    """Yield (row, payload or read error) in placement order, reads running ahead in the pool.
+    """Yield (row, payload or read error) in placement order, reads running ahead in the pool;
+    with ``slots`` (row -> writer, offset), each file is written in place by its reader.
 
     At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
     WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
@@ -322,8 +401,13 @@ def _read_ahead(
             window.append((batch, None, 0))
         else:
             charged = sum(tree.size[row] for row in batch)
-            files = [(tree.path(row), tree.size[row]) for row in batch]
-            window.append((batch, pool.submit(_prepare_batch, files, options.compress), charged))
+            if slots is None:
+                files = [(tree.path(row), tree.size[row]) for row in batch]
+                future = pool.submit(_prepare_batch, files, options.compress)
+            else:
+                placed = [(tree.path(row), tree.size[row], *slots(row)) for row in batch]
+                future = pool.submit(_copy_batch, placed)
+            window.append((batch, future, charged))
             inflight += charged
         while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
             yield from drain_one()
@@ -331,15 +415,21 @@ def _read_ahead(
         yield from drain_one()
 
 
-def _stream_into(sink: _ShardSink, path: bytes) -> _Payload:
-    """Copy a large file chunk by chunk, hashing as it goes; never compressed, never held whole."""
+def _stream_into(
+    write: Callable[[int, bytes], None], path: bytes, limit: int | None = None
+) -> _Payload | None:
+    """Copy a large file chunk by chunk (``write(position in the file, chunk)``), hashing as it
+    goes; never compressed, never held whole. None: it has grown past ``limit`` bytes since the
+    walk, and nothing past the limit was written."""
     hasher = xxhash.xxh3_64()
     total = 0
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         while chunk := os.read(fd, STREAM_CHUNK):
+            if limit is not None and total + len(chunk) > limit:
+                return None
             hasher.update(chunk)
-            sink.write(chunk)
+            write(total, chunk)
             total += len(chunk)
     finally:
         os.close(fd)
@@ -465,10 +555,22 @@ def _write_payloads(
     options: PackOptions,
     summary: PackSummary,
 ) -> _Placed:
-    """Append every file to the shards in placement order; skipped files are simply not placed."""
+    """Write every file into the shards in placement order: in place where the store can (see
+    ``_ShardSink``) and payloads need no compressing, else in order. Skipped files are simply
+    not placed (in place, their slots stay holes)."""
     placed = _Placed()
     started = time.monotonic()
-    total = sum(tree.size[row] for row in rows.tolist())
+    sizes = [tree.size[row] for row in rows.tolist()]
+    total = sum(sizes)
+    slots = None
+    if sink.store.writes_in_place and not options.compress:
+        shard_at = np.zeros(len(tree.parent), dtype=np.int64)
+        offset_at = np.zeros(len(tree.parent), dtype=np.int64)
+        shard_at[rows], offset_at[rows] = sink.lay_out(sizes)
+
+        def slots(row: int) -> tuple[ShardWriter, int]:
+            return sink.laid_out[shard_at.item(row)], offset_at.item(row)
+
     with tqdm(
         total=total,
         unit="B",
@@ -478,30 +580,70 @@ def _write_payloads(
         desc="pack",
         dynamic_ncols=True,
     ) as bar:
-        for row, outcome in _read_ahead(pool, tree, rows, options):
+        for row, outcome in _read_ahead(pool, tree, rows, options, slots):
             path = tree.path(row)
             try:
                 if isinstance(outcome, OSError):
                     raise outcome
-                if outcome is None:
-                    shard, offset = sink.place(tree.size[row])
-                    payload = _stream_into(sink, path)
-                    stored = payload.size
+                if slots is None:
+                    payload, shard, offset = _write_in_order(sink, path, tree.size[row], outcome)
                 else:
-                    payload = outcome
-                    shard, offset = sink.place(len(payload.stored))
-                    sink.write(payload.stored)
-                    stored = len(payload.stored)
+                    slot = (shard_at.item(row), offset_at.item(row))
+                    payload, shard, offset = _write_in_place(sink, path, tree.size[row], outcome, slot)
+                    sink.laid_out[slot[0]].written_through(slot[1] + tree.size[row])
             except OSError as exc:
                 _fail_or_skip(f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
                 continue
-            placed.add(row, payload, shard, offset, stored)
+            # Stored bytes: the payload's, or the file's own where it went straight to its place.
+            placed.add(row, payload, shard, offset, len(payload.stored) if payload.stored else payload.size)
             summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
             if len(placed.rows) % PROGRESS_EVERY == 0:
                 rate = len(placed.rows) / max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{len(placed.rows):,} files, {rate:,.0f} files/s", refresh=False)
             bar.update(tree.size[row])
     return placed
+
+
+def _write_in_order(
+    sink: _ShardSink, path: bytes, size_hint: int, outcome: _Payload | None
+) -> tuple[_Payload, int, int]:
+    """Append a read payload, or stream a large file (``outcome`` None); (payload, shard, offset)."""
+    if outcome is None:
+        shard, offset = sink.place(size_hint)
+        payload = _stream_into(lambda _at, chunk: sink.write(chunk), path)
+        assert payload is not None  # no limit
+        return payload, shard, offset
+    shard, offset = sink.place(len(outcome.stored))
+    sink.write(outcome.stored)
+    return outcome, shard, offset
+
+
+def _write_in_place(
+    sink: _ShardSink, path: bytes, size_hint: int, outcome: _Payload | None, slot: tuple[int, int]
+) -> tuple[_Payload, int, int]:
+    """A payload its reader wrote in its slot; else stream a large file into it, and append a
+    file that outgrew its slot since the walk. (payload, shard, offset)."""
+    shard, offset = slot
+    if outcome is not None and outcome.in_place:
+        return outcome, shard, offset
+    if outcome is not None:
+        shard, offset = sink.append(len(outcome.stored))
+        sink.laid_out[shard].write_at(offset, outcome.stored)
+        return _Payload(b"", 0, outcome.size, outcome.checksum, in_place=True), shard, offset
+    payload = _stream_at(sink, shard, offset, path, size_hint)
+    if payload is None:  # outgrown
+        shard, offset = sink.end()
+        payload = _stream_at(sink, shard, offset, path)
+        assert payload is not None  # no limit
+        sink.append(payload.size)
+    return payload, shard, offset
+
+
+def _stream_at(
+    sink: _ShardSink, shard: int, offset: int, path: bytes, limit: int | None = None
+) -> _Payload | None:
+    writer = sink.laid_out[shard]
+    return _stream_into(lambda at, chunk: writer.write_at(offset + at, chunk), path, limit)
 
 
 def _columns(tree: _Tree, placed: _Placed) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -17,11 +17,20 @@ from dlfs.errors import DatasetError, StoreError
 
 
 class ShardWriter(Protocol):
-    def write(self, data: bytes | memoryview) -> None: ...
+    def write(self, data: bytes | memoryview) -> None:
+        """Append (pack writes in order)."""
 
-    def commit(self) -> None:
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        """Write at ``offset``, from any thread (pack writes in place); only where the store's
+        ``writes_in_place`` is true."""
+
+    def written_through(self, end: int) -> None:
+        """Every byte below ``end`` has been written in place (a hint to start storing them)."""
+
+    def commit(self, size: int | None = None) -> None:
         """Make the written bytes readable under the final name (durable, unless the store
-        was opened with ``durable=False``)."""
+        was opened with ``durable=False``). ``size``: the object's length, where bytes written
+        in place leave its end unwritten (a skipped file's slot)."""
 
     def abort(self) -> None:
         """Forget the partial object."""
@@ -31,6 +40,9 @@ class Store(Protocol):
     """A flat namespace of immutable objects (shards and the index) with ranged reads."""
 
     url: str
+    #: Shard writers take ``write_at``: pack lays every file out up front and its readers write in
+    #: parallel. Object stores, which take an object in order, will not.
+    writes_in_place: bool
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
@@ -113,6 +125,17 @@ class _LocalWriter:
         self._written += self._held
         self._held = 0
 
+    def write_at(self, offset: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            done = os.pwrite(self._file.fileno(), view, offset)
+            view, offset = view[done:], offset + done
+
+    def written_through(self, end: int) -> None:
+        if self._durable and end - self._started >= WRITEBACK_STEP:
+            self._written = end
+            self._start_writeback()
+
     def _start_writeback(self) -> None:
         """Start writing what the packer wrote so far, without waiting for it.
 
@@ -126,8 +149,10 @@ class _LocalWriter:
         )
         self._started = self._written
 
-    def commit(self) -> None:
+    def commit(self, size: int | None = None) -> None:
         self._flush()
+        if size is not None:
+            os.ftruncate(self._file.fileno(), size)
         if self._durable:
             os.fsync(self._file.fileno())
         self._file.close()
@@ -150,6 +175,7 @@ class LocalStore:
         self.url = str(self.root)
         self.random_access = random_access
         self.durable = durable
+        self.writes_in_place = True
         self._fds: dict[str, int] = {}
         self._direct_fds: dict[str, int] = {}
         self._lock = threading.Lock()

@@ -12,6 +12,7 @@ import pytest
 from conftest import DLFS, assert_one_line_error, dlfs, wait_until
 
 from dlfs import format as fmt
+from dlfs import pack as pack_module
 from dlfs import store
 from dlfs.index import Index
 from dlfs.pack import PackOptions, pack
@@ -163,3 +164,62 @@ def test_no_sync_writes_the_same_dataset_without_waiting_for_the_disk(
     else:
         assert waits == []
     assert dlfs("verify", tmp_path / "ds").returncode == 0  # every file's checksum
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["in-place", "in-order"])
+def test_files_that_change_after_the_walk_are_stored_as_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mount, compress: bool
+) -> None:
+    """Slots are laid out from the sizes the walk saw. A file that grew is appended past them,
+    one that shrank leaves a hole, one that vanished is skipped: every file left reads back as it
+    was read."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a-grows.bin").write_bytes(b"a" * 1000)
+    (src / "b-shrinks.bin").write_bytes(b"b" * 5000)
+    (src / "c-large-grows.bin").write_bytes(os.urandom(3 << 20))
+    (src / "d-large-shrinks.bin").write_bytes(os.urandom(3 << 20))
+    (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
+    monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 1 << 20)  # c and d are streamed, in chunks
+    monkeypatch.setattr(pack_module, "STREAM_CHUNK", 1 << 20)
+    walk = pack_module._walk
+
+    def walk_then_change(*args: object) -> object:
+        tree = walk(*args)
+        (src / "a-grows.bin").write_bytes(b"A" * 3000)
+        (src / "b-shrinks.bin").write_bytes(b"B" * 100)
+        with open(src / "c-large-grows.bin", "ab") as f:
+            f.write(os.urandom(1 << 20))
+        (src / "d-large-shrinks.bin").write_bytes(os.urandom(1 << 20))
+        (src / "z-vanishes.bin").unlink()
+        return tree
+
+    monkeypatch.setattr(pack_module, "_walk", walk_then_change)
+    options = PackOptions(progress=False, compress=compress, skip_errors=True, shard_size=1 << 30)
+    summary = pack(src, tmp_path / "ds", options)
+    assert summary.skipped_errors == 1 and summary.skipped_paths[0].endswith("z-vanishes.bin")
+    assert dlfs("verify", tmp_path / "ds").returncode == 0  # shard lengths and every checksum
+    with mount(tmp_path / "ds") as mnt:
+        assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+        for name in os.listdir(src):
+            assert (Path(mnt) / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_a_vanished_last_file_leaves_its_shard_the_length_the_index_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its slot, the last of the shard, is never written: the shard still reaches its end."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a" * 1000)
+    (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
+    walk = pack_module._walk
+
+    def walk_then_delete(*args: object) -> object:
+        tree = walk(*args)
+        (src / "z-vanishes.bin").unlink()
+        return tree
+
+    monkeypatch.setattr(pack_module, "_walk", walk_then_delete)
+    pack(src, tmp_path / "ds", PackOptions(progress=False, skip_errors=True))
+    assert dlfs("verify", tmp_path / "ds").returncode == 0
