@@ -7,9 +7,11 @@ has to implement these methods. Everything here is blocking: callers on the trio
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -78,6 +80,17 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A failed write (a full disk, a read-only one) as one line for the user, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise StoreError(
+            f"cannot write {path}: {exc.strerror}; free space there or pack somewhere else"
+        ) from exc
+
+
 WRITE_BUFFER = 4 << 20
 #: Payloads per writev (IOV_MAX is 1024).
 WRITE_GATHER = 512
@@ -95,7 +108,8 @@ class _LocalWriter:
     def __init__(self, path: Path, durable: bool) -> None:
         self._path = path
         self._durable = durable
-        self._file: BinaryIO = open(path, "wb", buffering=0)
+        with _writing(path):
+            self._file: BinaryIO = open(path, "wb", buffering=0)
         self._pending: list[bytes | memoryview] = []
         self._held = 0
         self._written = 0
@@ -114,22 +128,29 @@ class _LocalWriter:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        left = self._held
-        while left:
-            done = os.writev(self._file.fileno(), pending)
-            left -= done
-            while pending and done >= len(pending[0]):  # a short write: go on from where it stopped
-                done -= len(pending.pop(0))
-            if done:
-                pending[0] = memoryview(pending[0])[done:]
+        self._write_all(pending, None)
         self._written += self._held
         self._held = 0
 
     def write_at(self, offset: int, data: bytes | memoryview) -> None:
-        view = memoryview(data)
-        while view:
-            done = os.pwrite(self._file.fileno(), view, offset)
-            view, offset = view[done:], offset + done
+        self._write_all([data], offset)
+
+    def _write_all(self, buffers: list[bytes | memoryview], offset: int | None) -> None:
+        """Every buffer, in order, at ``offset`` or (None) at the file's position, going on after
+        short writes."""
+        left = sum(map(len, buffers))
+        with _writing(self._path):
+            while left:
+                if offset is None:
+                    done = os.writev(self._file.fileno(), buffers)
+                else:
+                    done = os.pwritev(self._file.fileno(), buffers, offset)
+                    offset += done
+                left -= done
+                while buffers and done >= len(buffers[0]):
+                    done -= len(buffers.pop(0))
+                if done:
+                    buffers[0] = memoryview(buffers[0])[done:]
 
     def written_through(self, end: int) -> None:
         if self._durable and end - self._started >= WRITEBACK_STEP:
@@ -151,11 +172,12 @@ class _LocalWriter:
 
     def commit(self, size: int | None = None) -> None:
         self._flush()
-        if size is not None:
-            os.ftruncate(self._file.fileno(), size)
-        if self._durable:
-            os.fsync(self._file.fileno())
-        self._file.close()
+        with _writing(self._path):
+            if size is not None:
+                os.ftruncate(self._file.fileno(), size)
+            if self._durable:
+                os.fsync(self._file.fileno())
+            self._file.close()
 
     def abort(self) -> None:
         self._file.close()
@@ -259,11 +281,15 @@ class LocalStore:
 
     def put_atomic(self, name: str, data: bytes) -> None:
         tmp = self.root / f".{name}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            if self.durable:
-                os.fsync(f.fileno())
+        try:
+            with _writing(tmp), open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                if self.durable:
+                    os.fsync(f.fileno())
+        except StoreError:
+            tmp.unlink(missing_ok=True)
+            raise
         os.replace(tmp, self.root / name)
         if not self.durable:
             return

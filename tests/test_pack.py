@@ -223,3 +223,22 @@ def test_a_vanished_last_file_leaves_its_shard_the_length_the_index_says(
     monkeypatch.setattr(pack_module, "_walk", walk_then_delete)
     pack(src, tmp_path / "ds", PackOptions(progress=False, skip_errors=True))
     assert dlfs("verify", tmp_path / "ds").returncode == 0
+
+
+@pytest.mark.parametrize("how", [[], ["--compress", "lz4"]], ids=["in-place", "in-order"])
+def test_a_full_destination_is_one_line_and_leaves_nothing_behind(tmp_path: Path, how: list[str]) -> None:
+    """A real full disk: a 1 MiB tmpfs, and 4 MB of incompressible files."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(40):
+        (src / f"{k:02d}.bin").write_bytes(os.urandom(100_000))
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], check=True, timeout=30)
+    try:
+        result = dlfs("pack", src, small / "ds", *how, check=False)
+        assert_one_line_error(result, "cannot write", "No space left on device")
+        assert not (small / "ds" / fmt.INDEX_NAME).exists()
+        assert not list((small / "ds").glob("*.shard")), "a failed pack removes its shards"
+    finally:
+        subprocess.run(["umount", "-l", small], check=False, timeout=30)
