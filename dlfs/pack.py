@@ -39,6 +39,8 @@ ORDERS = ("source", "random")
 #: A pool task reads up to this many files or bytes, so tiny files do not drown in task overhead.
 BATCH_FILES = 64
 BATCH_BYTES = 4 << 20
+#: Bytes a reader gathers from neighbouring slots before writing them in one call (``_SlotRun``).
+GATHER_BYTES = 256 << 10
 #: Files between refreshes of the files/s figure on the progress bar.
 PROGRESS_EVERY = 256
 
@@ -337,12 +339,40 @@ def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[_Payl
 _Slots = Callable[[int], tuple[ShardWriter, int]]
 
 
+class _SlotRun:
+    """Payloads bound for neighbouring slots of one shard, written in one call once they reach
+    GATHER_BYTES: a JPEG or two stay in cache until written, and tiny files do not cost a write
+    call each. 1.28 M files of ~32 B, with fsyncs: 75.7 / 81.5 s, against 116.4 / 114.0 s with a
+    write per file (and 95-104 s for the in-order writer)."""
+
+    def __init__(self) -> None:
+        self.writer: ShardWriter | None = None
+        self.start = self.end = 0
+        self.payloads: list[bytes] = []
+
+    def add(self, writer: ShardWriter, offset: int, data: bytes) -> None:
+        if self.payloads and (
+            writer is not self.writer or offset != self.end or self.end - self.start >= GATHER_BYTES
+        ):
+            self.flush()
+        if not self.payloads:
+            self.writer, self.start, self.end = writer, offset, offset
+        self.payloads.append(data)
+        self.end += len(data)
+
+    def flush(self) -> None:
+        if self.payloads:
+            assert self.writer is not None
+            self.writer.write_at(self.start, *self.payloads)
+            self.payloads = []
+
+
 def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[_Payload | OSError]:
-    """Read a run of files and write each into its slot at once, while its bytes are in cache.
-    A file that grew since the walk no longer fits: its bytes come back, to be appended. (Writing
-    neighbouring tiny files in one call instead changed nothing measurable: 1.28 M files of ~32 B
-    packed in 84-92 s either way, the open/read/close of each file being most of it.)"""
+    """Read a run of files and write each into its slot as soon as possible, while its bytes are
+    in cache. A file that grew since the walk no longer fits: its bytes come back, to be
+    appended."""
     out: list[_Payload | OSError] = []
+    run = _SlotRun()
     for path, size_hint, writer, offset in files:
         try:
             data = _read_whole(path, size_hint)
@@ -351,8 +381,9 @@ def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[_Paylo
             continue
         fits = len(data) <= size_hint
         if fits:
-            writer.write_at(offset, data)
+            run.add(writer, offset, data)
         out.append(_Payload(b"" if fits else data, 0, len(data), fmt.checksum(data), in_place=fits))
+    run.flush()
     return out
 
 

@@ -22,9 +22,9 @@ class ShardWriter(Protocol):
     def write(self, data: bytes | memoryview) -> None:
         """Append (pack writes in order)."""
 
-    def write_at(self, offset: int, data: bytes | memoryview) -> None:
-        """Write at ``offset``, from any thread (pack writes in place); only where the store's
-        ``writes_in_place`` is true."""
+    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
+        """Write ``data`` back to back from ``offset``, from any thread (pack writes in place);
+        only where the store's ``writes_in_place`` is true."""
 
     def written_through(self, end: int) -> None:
         """Every byte below ``end`` has been written in place (a hint to start storing them)."""
@@ -132,8 +132,8 @@ class _LocalWriter:
         self._written += self._held
         self._held = 0
 
-    def write_at(self, offset: int, data: bytes | memoryview) -> None:
-        self._write_all([data], offset)
+    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
+        self._write_all(list(data), offset)
 
     def _write_all(self, buffers: list[bytes | memoryview], offset: int | None) -> None:
         """Every buffer, in order, at ``offset`` or (None) at the file's position, going on after
