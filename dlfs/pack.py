@@ -254,11 +254,16 @@ class _ShardSink:
         self.laid_out: list[ShardWriter] = []
         self._ends: list[int] = []
 
+    def _full(self, end: int, length: int) -> bool:
+        """Does a shard that reaches ``end`` take no file of ``length`` more? A file never spans
+        shards, and one larger than the target gets a shard of its own."""
+        return end > fmt.HEADER_SIZE and end + length > self.target
+
     def lay_out(self, sizes: list[int]) -> tuple[list[int], list[int]]:
         """Shard number and offset for each file, in placement order, with every shard created."""
         shards, offsets = [], []
         for size in sizes:
-            if not self._ends or (self._ends[-1] > fmt.HEADER_SIZE and self._ends[-1] + size > self.target):
+            if not self._ends or self._full(self._ends[-1], size):
                 self._new_laid_out_shard()
             shards.append(len(self._ends) - 1)
             offsets.append(self._ends[-1])
@@ -299,7 +304,7 @@ class _ShardSink:
 
     def place(self, length: int) -> tuple[int, int]:
         """(shard number, offset) for the next ``length`` bytes; a file never spans shards."""
-        if self._writer is None or (self._pos > fmt.HEADER_SIZE and self._pos + length > self.target):
+        if self._writer is None or self._full(self._pos, length):
             self._roll()
         return len(self.done), self._pos
 
