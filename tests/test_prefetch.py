@@ -356,29 +356,39 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
 
 def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_disk: Path) -> None:
     """Shards not in memory: the first storage read of a batch finds that out without waiting, the
-    rest of the batch is announced to the storage at once, and every file still arrives intact."""
+    rest of the batch is announced to the storage at once, and every file still arrives intact.
+
+    Run again, up to five times, when every batch was found in memory: a refused RWF_NOWAIT read
+    starts the kernel's read, which on this VM's disk sometimes lands before the check (see
+    test_store). A read-ahead that never probes without waiting finds no batch cold in any run."""
     src = _make_classes(on_disk / "src", classes=2, per_class=40, size=20_000)
     dlfs("pack", src, on_disk / "ds", "--shard-size", "256K")
-    for shard in (on_disk / "ds").glob("*.shard"):
-        drop_from_memory(shard)
-    pushed: dict[int, bytes] = {}
-    index, reader, prefetcher = _engine(on_disk / "ds", lambda row, data: pushed.setdefault(row, bytes(data)))
-    rows = index.file_rows()
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(prefetcher.run)
-            prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
-            with trio.fail_after(20):
-                while prefetcher.stats.issued_files < rows.size or prefetcher.snapshot()["inflight"]:
-                    await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
+    for _ in range(5):
+        for shard in (on_disk / "ds").glob("*.shard"):
+            drop_from_memory(shard)
+        pushed: dict[int, bytes] = {}
+        index, reader, prefetcher = _engine(
+            on_disk / "ds", lambda row, data, into=pushed: into.setdefault(row, bytes(data))
+        )
+        rows = index.file_rows()
+        trio.run(_fetch_everything, prefetcher, rows)
+        for row in rows.tolist():
+            data = pushed.get(row) or reader.cache.get(row)
+            assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)
+        if prefetcher.stats.cold_batches >= 1:
+            break
     assert prefetcher.stats.cold_batches >= 1
-    for row in rows.tolist():
-        data = pushed.get(row) or reader.cache.get(row)
-        assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)
+
+
+async def _fetch_everything(prefetcher: Prefetcher, rows: np.ndarray) -> None:
+    """Run the read-ahead over ``rows`` until it has fetched them all and has nothing in flight."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prefetcher.run)
+        prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
+        with trio.fail_after(20):
+            while prefetcher.stats.issued_files < rows.size or prefetcher.snapshot()["inflight"]:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
 
 
 def test_an_epoch_from_cold_storage_is_read_past_the_shards_page_cache(on_disk: Path, mount) -> None:
