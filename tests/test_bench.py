@@ -115,7 +115,10 @@ def test_disk_figures_count_what_the_root_read_from_its_device(tree: Path, disk:
         }
     for root, run in runs.items():
         assert run["disk_read_mb"] * 1e6 >= tree_bytes(tree), (root, run)
-        assert run["disk_reads"] > 0 and 0 < run["disk_busy"] <= 1, (root, run)
+        assert run["disk_reads"] > 0 and 0 <= run["disk_busy"] <= 1, (root, run)
+    # The kernel adds busy time in whole jiffies, at I/O boundaries: one 0.12 s run of 273 fast
+    # loop-device reads once showed none. Two runs that both show none would mean it is not read.
+    assert max(run["disk_busy"] for run in runs.values()) > 0, runs
     assert bench.block_devices(str(disk), None)[0].parent.name == (
         f"{os.major(disk.stat().st_dev)}:{os.minor(disk.stat().st_dev)}"
     )
