@@ -340,8 +340,8 @@ def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[_Payl
     return out
 
 
-#: In place: a file's shard writer and offset (its row -> its slot).
-_Slots = Callable[[int], tuple[ShardWriter, int]]
+#: In place: a file's shard number and offset (its row -> its slot).
+_Slots = Callable[[int], tuple[int, int]]
 
 
 class _SlotRun:
@@ -372,13 +372,15 @@ class _SlotRun:
             self.payloads = []
 
 
-def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[_Payload | OSError]:
+def _copy_batch(
+    files: list[tuple[bytes, int, int, int]], writers: list[ShardWriter]
+) -> list[_Payload | OSError]:
     """Read a run of files and write each into its slot as soon as possible, while its bytes are
     in cache. A file that grew since the walk no longer fits: its bytes come back, to be
     appended."""
     out: list[_Payload | OSError] = []
     run = _SlotRun()
-    for path, size_hint, writer, offset in files:
+    for path, size_hint, shard, offset in files:
         try:
             data = _read_whole(path, size_hint)
         except OSError as exc:
@@ -386,7 +388,7 @@ def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[_Paylo
             continue
         fits = len(data) <= size_hint
         if fits:
-            run.add(writer, offset, data)
+            run.add(writers[shard], offset, data)
         out.append(_Payload(b"" if fits else data, 0, len(data), fmt.checksum(data), in_place=fits))
     run.flush()
     return out
@@ -416,9 +418,11 @@ def _read_ahead(
     rows: np.ndarray,
     options: PackOptions,
     slots: _Slots | None,
+    writers: list[ShardWriter],
 ) -> Iterator[tuple[int, _Payload | OSError | None]]:
     """Yield (row, payload or read error) in placement order, reads running ahead in the pool;
-    with ``slots`` (row -> writer, offset), each file is written in place by its reader.
+    with ``slots`` (row -> shard, offset), each file is written in place by its reader, into
+    ``writers[shard]``.
 
     At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
     WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
@@ -445,7 +449,7 @@ def _read_ahead(
                 future = pool.submit(_prepare_batch, files, options.compress)
             else:
                 placed = [(tree.path(row), tree.size[row], *slots(row)) for row in batch]
-                future = pool.submit(_copy_batch, placed)
+                future = pool.submit(_copy_batch, placed, writers)
             window.append((batch, future, charged))
             inflight += charged
         while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
@@ -607,8 +611,8 @@ def _write_payloads(
         offset_at = np.zeros(len(tree.parent), dtype=np.int64)
         shard_at[rows], offset_at[rows] = sink.lay_out(sizes)
 
-        def slots(row: int) -> tuple[ShardWriter, int]:
-            return sink.laid_out[shard_at.item(row)], offset_at.item(row)
+        def slots(row: int) -> tuple[int, int]:
+            return shard_at.item(row), offset_at.item(row)
 
     with tqdm(
         total=total,
@@ -619,7 +623,7 @@ def _write_payloads(
         desc="pack",
         dynamic_ncols=True,
     ) as bar:
-        for row, outcome in _read_ahead(pool, tree, rows, options, slots):
+        for row, outcome in _read_ahead(pool, tree, rows, options, slots, sink.laid_out):
             path = tree.path(row)
             try:
                 if isinstance(outcome, OSError):
@@ -627,7 +631,7 @@ def _write_payloads(
                 if slots is None:
                     payload, shard, offset = _write_in_order(sink, path, tree.size[row], outcome)
                 else:
-                    slot = (shard_at.item(row), offset_at.item(row))
+                    slot = slots(row)
                     payload, shard, offset = _write_in_place(sink, path, tree.size[row], outcome, slot)
                     sink.laid_out[slot[0]].written_through(slot[1] + tree.size[row])
             except OSError as exc:
