@@ -18,7 +18,7 @@ from conftest import dlfs, drop_from_memory, wait_until
 from dlfs.cache import PayloadCache
 from dlfs.control import Reading, parse_order
 from dlfs.index import Index
-from dlfs.pagecache import cached_pages
+from dlfs.pagecache import MountPageCache, cached_pages
 from dlfs.prefetch import SENTINEL_SPACINGS, Prefetcher, sentinel_spacing
 from dlfs.reader import Reader
 from dlfs.store import LocalStore
@@ -50,14 +50,28 @@ def _read_all(paths: list[Path]) -> list[bytes]:
     return out
 
 
-def _assert_sentinels_only(before: dict, after: dict, files: int) -> None:
-    """Between two stats snapshots, only the sentinels (one file in ``sentinel_every``) reached the
-    daemon."""
+def _lacking(mnt: Path, paths: list[Path]) -> int:
+    """Files of ``paths`` the kernel does not hold whole in its page cache now (asked through the
+    mount: no READ reaches the daemon).
+
+    The sentinels are among them, and so may be a few pushed files: this VM runs a DAMON ``pageout``
+    scheme that reclaims page-cache pages in physical regions it has seen idle for a minute, and a
+    page just pushed into such a region goes with them (a full test run once saw 5 of 480).
+    """
+    pages = MountPageCache(str(mnt))
+    return sum(not pages.holds(os.fsencode(p.relative_to(mnt)), p.stat().st_size) for p in paths)
+
+
+def _assert_sentinels_only(before: dict, after: dict, files: int, lacking: int) -> None:
+    """Every file but the sentinels (one in ``sentinel_every``) was pushed; when reading began the
+    kernel lacked only those and a few files reclaimed since; and between two stats snapshots only
+    the files it lacked reached the daemon (one READ more: the ``after`` snapshot itself)."""
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    assert reads <= files // after["prefetch"]["sentinel_every"] + 2, (
-        f"{reads} of {files} read by the daemon (sentinels only); "  # a string: pytest shows it whole
-        f"read-ahead {json.dumps(after['prefetch'])}"
-    )
+    sentinels = -(-files // after["prefetch"]["sentinel_every"])
+    detail = f"read-ahead {json.dumps(after['prefetch'])}"  # a string: pytest shows it whole
+    assert after["prefetch"]["pushed_files"] >= files - sentinels, detail
+    assert lacking <= sentinels + files // 50, f"the kernel lacked {lacking} of {files} files; {detail}"
+    assert reads <= lacking + 1, f"{reads} of {files} read by the daemon, {lacking} lacking; {detail}"
 
 
 def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int = 20_000) -> Path:
@@ -78,13 +92,13 @@ def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path,
             path.stat()
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
+        lacking = _lacking(mnt, paths)
         before = _stats(mnt)
         data = _read_all(paths)
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
-    assert prefetch["pushed_files"] > 0.95 * len(paths)
-    _assert_sentinels_only(before, after, len(paths))
+    _assert_sentinels_only(before, after, len(paths), lacking)
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
 
@@ -197,13 +211,14 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        lacking = _lacking(mnt, paths)
         before = _stats(mnt)
         data = _read_all(paths)
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
     assert prefetch["revealed_dirs"] >= 4 and prefetch["push_refused"] == 0, prefetch
-    _assert_sentinels_only(before, after, len(paths))
+    _assert_sentinels_only(before, after, len(paths), lacking)
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
@@ -239,11 +254,12 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         assert wait_until(lambda: _stats(mnt)["prefetch"]["forgotten_ahead"] > 0, 15), "no forget seen"
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        lacking = _lacking(mnt, paths)
         before = _stats(mnt)
         data = _read_all(paths)
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    _assert_sentinels_only(before, after, len(paths))
+    _assert_sentinels_only(before, after, len(paths), lacking)
 
 
 def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
@@ -276,12 +292,13 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         restarts = _stats(mnt)["prefetch"]["restarts"]
         data = _read_all(paths[:1])  # the first file is a sentinel: reading it restarts the epoch
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
+        lacking = _lacking(mnt, paths[1:])
         before = _stats(mnt)
         data += _read_all(paths[1:])
         after = _stats(mnt)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
-    _assert_sentinels_only(before, after, len(paths))
+    _assert_sentinels_only(before, after, len(paths), lacking)
 
 
 @pytest.mark.parametrize("every", SENTINEL_SPACINGS)
