@@ -62,16 +62,23 @@ def _lacking(mnt: Path, paths: list[Path]) -> int:
     return sum(not pages.holds(os.fsencode(p.relative_to(mnt)), p.stat().st_size) for p in paths)
 
 
-def _assert_sentinels_only(before: dict, after: dict, files: int, lacking: int) -> None:
-    """Every file but the sentinels (one in ``sentinel_every``) was pushed; when reading began the
-    kernel lacked only those and a few files reclaimed since; and between two stats snapshots only
-    the files it lacked reached the daemon (one READ more: the ``after`` snapshot itself)."""
+def _read_checked(mnt: Path, paths: list[Path], files: int) -> tuple[list[bytes], dict, dict]:
+    """Read ``paths`` in order (part of an epoch of ``files``) once the read-ahead has settled, and
+    check that it did its job: every file but the sentinels (one in ``sentinel_every``) was pushed;
+    when reading began the kernel lacked only those and a few files reclaimed since; and only the
+    files it lacked reached the daemon (one READ more: the ``after`` snapshot itself). Returns the
+    bytes read and the stats before and after."""
+    lacking = _lacking(mnt, paths)
+    before = _stats(mnt)
+    data = _read_all(paths)
+    after = _stats(mnt)
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
     sentinels = -(-files // after["prefetch"]["sentinel_every"])
     detail = f"read-ahead {json.dumps(after['prefetch'])}"  # a string: pytest shows it whole
     assert after["prefetch"]["pushed_files"] >= files - sentinels, detail
     assert lacking <= sentinels + files // 50, f"the kernel lacked {lacking} of {files} files; {detail}"
     assert reads <= lacking + 1, f"{reads} of {files} read by the daemon, {lacking} lacking; {detail}"
+    return data, before, after
 
 
 def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int = 20_000) -> Path:
@@ -92,13 +99,9 @@ def test_reads_in_published_order_are_served_from_the_page_cache(tmp_path: Path,
             path.stat()
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
-        lacking = _lacking(mnt, paths)
-        before = _stats(mnt)
-        data = _read_all(paths)
-        after = _stats(mnt)
+        data, _, after = _read_checked(mnt, paths, len(paths))
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
-    _assert_sentinels_only(before, after, len(paths), lacking)
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
 
@@ -211,14 +214,10 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
-        lacking = _lacking(mnt, paths)
-        before = _stats(mnt)
-        data = _read_all(paths)
-        after = _stats(mnt)
+        data, before, after = _read_checked(mnt, paths, len(paths))
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
     assert prefetch["revealed_dirs"] >= 4 and prefetch["push_refused"] == 0, prefetch
-    _assert_sentinels_only(before, after, len(paths), lacking)
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
@@ -254,12 +253,8 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         assert wait_until(lambda: _stats(mnt)["prefetch"]["forgotten_ahead"] > 0, 15), "no forget seen"
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
-        lacking = _lacking(mnt, paths)
-        before = _stats(mnt)
-        data = _read_all(paths)
-        after = _stats(mnt)
+        data, _, _ = _read_checked(mnt, paths, len(paths))
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    _assert_sentinels_only(before, after, len(paths), lacking)
 
 
 def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
@@ -292,13 +287,9 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         restarts = _stats(mnt)["prefetch"]["restarts"]
         data = _read_all(paths[:1])  # the first file is a sentinel: reading it restarts the epoch
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
-        lacking = _lacking(mnt, paths[1:])
-        before = _stats(mnt)
-        data += _read_all(paths[1:])
-        after = _stats(mnt)
-    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+        rest, before, _ = _read_checked(mnt, paths[1:], len(paths))
+    assert data + rest == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
-    _assert_sentinels_only(before, after, len(paths), lacking)
 
 
 @pytest.mark.parametrize("every", SENTINEL_SPACINGS)
