@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from dlfs import __version__
 from dlfs.errors import DlfsError
-from dlfs.mount import MountOptions
+from dlfs.mount import READY_TIMEOUT, MountOptions
 
 #: ``dlfs mount``'s flag defaults: the options' own, so the two never disagree.
 MOUNT_DEFAULTS = MountOptions()
@@ -97,7 +97,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     )
     if not args.foreground:
         started = time.monotonic()
-        pid, log_file = spawn(args.argv, args.mountpoint, options)
+        pid, log_file = spawn(args.argv, args.mountpoint, options, args.ready_timeout)
         print(
             f"mounted {args.dataset} on {args.mountpoint} in {time.monotonic() - started:.2f} s "
             f"(daemon pid {pid}, log {log_file}); order seed {args.seed}, mode {args.order}"
@@ -322,6 +322,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="always: listings carry attributes, so after a scan the read-ahead can push every file "
         "(best for training); auto: attributes for folders only (fastest first scan or find over "
         f"millions of files; the read-ahead lists each folder again before pushing) {D}",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=READY_TIMEOUT,
+        metavar="SECONDS",
+        help="give up on a background mount not ready after this long; the daemon reads the whole "
+        f"index first, which takes minutes on very slow storage (default {READY_TIMEOUT:g})",
     )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_mount)

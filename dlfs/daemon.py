@@ -75,7 +75,9 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
     started = time.monotonic()
     store = open_store(dataset, random_access=True)
+    log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
     index = Index.load(store)
+    log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
     index.check_shards(store)
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)

@@ -176,7 +176,7 @@ def _pid_alive(pid: int) -> bool:
     return not status.startswith("Z")
 
 
-def _is_mounted(mnt: Path) -> bool:
+def is_mounted(mnt: Path) -> bool:
     target = os.fsencode(os.path.realpath(mnt))
     with open("/proc/self/mountinfo", "rb") as f:
         return any(line.split()[4] == target for line in f)
@@ -185,7 +185,7 @@ def _is_mounted(mnt: Path) -> bool:
 def force_unmount(mnt: Path) -> None:
     """fusermount3 -u, then lazy unmount as the last resort; never raises."""
     for command in (["fusermount3", "-u", str(mnt)], ["fusermount3", "-u", "-z", str(mnt)]):
-        if not _is_mounted(mnt):
+        if not is_mounted(mnt):
             return
         subprocess.run(command, capture_output=True, timeout=30, check=False)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, _is_mounted, assert_one_line_error, dlfs, tool, write
+from conftest import TOOLS, assert_one_line_error, dlfs, is_mounted, tool, write
 
 from dlfs import bench
 
@@ -173,7 +173,7 @@ def test_peers_are_built_mounted_measured_and_unmounted(tree: Path, tmp_path: Pa
         # Every peer's daemon is found, so its CPU and RSS are reported.
         assert all(roots[peer]["median"]["daemon_rss_after"] > 0 for peer in report["peers"]), job
     for peer in report["peers"]:
-        assert not _is_mounted(work / peer / "mnt")
+        assert not is_mounted(work / peer / "mnt")
     # A second run reuses the images (same source); the stamps say when each was built.
     stamps = {peer: (work / peer / "stamp.json").stat().st_mtime_ns for peer in report["peers"]}
     dlfs("bench", tree, "--peers", "--work", work, "--job", "scan", "--repeat", "1", timeout=300)
@@ -285,4 +285,4 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
     )
     for key in timed:
         assert results[key]["median"] > 0, key
-    assert not _is_mounted(tmp_path / "mnt")
+    assert not is_mounted(tmp_path / "mnt")

@@ -17,12 +17,15 @@ from conftest import (
     assert_one_line_error,
     dlfs,
     find_listing,
+    force_unmount,
+    is_mounted,
     make_odd_tree,
     wait_until,
     write,
 )
 
 from dlfs import fs
+from dlfs import mount as dlfs_mount
 
 
 def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
@@ -256,6 +259,35 @@ def test_a_mount_whose_daemon_died_is_named_and_can_be_unmounted(packed: Path, m
         assert_one_line_error(dlfs("mount", packed, mnt, check=False), "already a mount point")
         dlfs("umount", mnt)
         assert os.listdir(mnt) == []
+
+
+def test_a_mount_not_ready_in_time_is_stopped_and_says_what_to_do(packed: Path, tmp_path: Path) -> None:
+    """A daemon still loading its index when ``--ready-timeout`` runs out is stopped: nothing is
+    left behind, and the error names the flag (a slow volume needs more time, not a retry)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = dlfs("mount", packed, mnt, "--ready-timeout", "0.001", check=False)
+    assert_one_line_error(result, "not ready after 0.001 s", "--ready-timeout")
+    assert not is_mounted(mnt) and os.listdir(mnt) == []
+    with pytest.raises(AssertionError, match="no daemon"):
+        _daemon_of(mnt)
+
+
+def test_a_daemon_stopped_after_it_mounted_leaves_no_dead_mount(packed: Path, tmp_path: Path) -> None:
+    """The timeout can fall between the daemon's mount and its word that it is ready: stopping it
+    then must remove the mount too, which would otherwise answer everything with ENOTCONN."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [*DLFS, "mount", str(packed), str(mnt), "--foreground"]
+    child = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: is_mounted(mnt), 30)
+        dlfs_mount._stop(child, str(mnt))
+        assert not is_mounted(mnt) and os.listdir(mnt) == []
+    finally:
+        child.kill()
+        child.wait()
+        force_unmount(mnt)
 
 
 def test_mount_of_a_non_dataset_is_refused(tmp_path: Path) -> None:
