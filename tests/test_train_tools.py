@@ -60,3 +60,21 @@ def test_slow_disk_throttles_reads_of_every_process_inside(tmp_path: Path) -> No
         tool(slowdisk, "down", mnt)
     assert not mnt.with_suffix(".img").exists()
     assert not Path("/sys/fs/cgroup/blkio/dlfs-slowdisk").exists()
+
+
+def test_taking_one_slow_disk_down_leaves_another_throttled(tmp_path: Path) -> None:
+    """Slow disks share the cgroup, each with a rule of its own: ``down`` removes only its own, and
+    the cgroup goes with the last one (a test's disk once took a benchmark's limits with it)."""
+    slowdisk = TOOLS / "slowdisk.py"
+    rules = Path("/sys/fs/cgroup/blkio/dlfs-slowdisk/blkio.throttle.read_iops_device")
+    first, second = tmp_path / "first", tmp_path / "second"
+    tool(slowdisk, "up", first, "--size", "64M", "--iops", "20")
+    try:
+        tool(slowdisk, "up", second, "--size", "64M", "--iops", "30")
+        assert sorted(line.split()[1] for line in rules.read_text().splitlines()) == ["20", "30"]
+        tool(slowdisk, "down", second)
+        assert [line.split()[1] for line in rules.read_text().splitlines()] == ["20"]
+    finally:
+        tool(slowdisk, "down", second)
+        tool(slowdisk, "down", first)
+    assert not rules.parent.exists()

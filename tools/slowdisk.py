@@ -4,9 +4,9 @@
 On a 2-core machine the loader decodes ~300 images/s, so storage only shows when it is slow. This
 builds one: ``up`` makes an ext4 image, attaches it as a loop device (direct I/O, so the backing
 file's page cache does not hide the limit), mounts it and sets ``blkio.throttle.read_iops_device``
-and ``read_bps_device`` for it in the cgroup ``dlfs-slowdisk``; ``run`` executes a command inside
-that cgroup (every process it starts, a dlfs daemon included, reads at the limit); ``down`` undoes
-it all. Writes are not limited, so filling the disk is quick. Needs root and cgroup v1 blkio
+and ``read_bps_device`` for it in the cgroup ``dlfs-slowdisk`` (a rule per disk: several may be up
+at once); ``run`` executes a command inside that cgroup (every process it starts, a dlfs daemon
+included, reads at the limit); ``down`` undoes it all. Writes are not limited, so filling the disk is quick. Needs root and cgroup v1 blkio
 (netem and device-mapper delay do not work on this machine; these do)::
 
     tools/slowdisk.py up bench-data/slow --size 8G --iops 200 --bps 100M
@@ -62,12 +62,17 @@ def up(mnt: Path, size: int, iops: int, bps: int, inodes: int | None = None) -> 
     return loop
 
 
+LIMITS = ("blkio.throttle.read_iops_device", "blkio.throttle.read_bps_device")
+
+
 def throttle(loop: str, iops: int, bps: int) -> None:
+    """Limit reads of ``loop`` in the cgroup; a limit of 0 removes the device's rule. Each slow disk
+    has a rule of its own, so one disk's ``down`` leaves another's limits in place."""
     rdev = os.stat(loop).st_rdev
     device = f"{os.major(rdev)}:{os.minor(rdev)}"
     CGROUP.mkdir(exist_ok=True)
-    (CGROUP / "blkio.throttle.read_iops_device").write_text(f"{device} {iops}\n")
-    (CGROUP / "blkio.throttle.read_bps_device").write_text(f"{device} {bps}\n")
+    for name, limit in zip(LIMITS, (iops, bps), strict=True):
+        (CGROUP / name).write_text(f"{device} {limit}\n")
 
 
 def enter() -> None:
@@ -82,11 +87,13 @@ def leave() -> None:
 def down(mnt: Path) -> None:
     loop = _loop_of(mnt)
     if loop:
+        if CGROUP.exists():
+            throttle(loop, 0, 0)
         subprocess.run(["umount", str(mnt)], check=True)
         subprocess.run(["losetup", "--detach", loop], check=True)
     mnt.with_suffix(".img").unlink(missing_ok=True)
-    if CGROUP.exists():
-        CGROUP.rmdir()
+    if CGROUP.exists() and not any((CGROUP / name).read_text().strip() for name in LIMITS):
+        CGROUP.rmdir()  # the last slow disk is gone
 
 
 def main() -> None:
