@@ -112,6 +112,9 @@ def spawn(
         os.close(write_end)
     try:
         message = _read_until_eof(read_end, ready_timeout)
+    except KeyboardInterrupt:  # the user gave up on the mount: so does the daemon
+        _stop(child, mnt)
+        raise
     finally:
         os.close(read_end)
     if message is None:

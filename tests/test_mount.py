@@ -237,13 +237,22 @@ def test_mount_is_refused_at_bad_mountpoints(packed: Path, tmp_path: Path, mount
 def _daemon_of(mnt: Path) -> int:
     """The daemon serving ``mnt``, found from process arguments alone: nothing here touches the
     mount, so the kernel caches none of its attributes."""
+    daemons = _daemons_of(mnt)
+    assert daemons, f"no daemon serves {mnt}"
+    return daemons[0]
+
+
+def _daemons_of(mnt: Path) -> list[int]:
+    """Processes serving ``mnt`` in the foreground (a background mount's daemon is one)."""
+    found = []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and os.fsencode(mnt) in (proc / "cmdline").read_bytes().split(b"\0"):
-                return int(proc.name)
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if proc.name.isdigit() and os.fsencode(mnt) in argv and b"--foreground" in argv:
+                found.append(int(proc.name))
         except OSError:  # the process ended meanwhile
             continue
-    raise AssertionError(f"no daemon serves {mnt}")
+    return found
 
 
 def test_a_mount_whose_daemon_died_is_named_and_can_be_unmounted(packed: Path, mount) -> None:
@@ -268,9 +277,7 @@ def test_a_mount_not_ready_in_time_is_stopped_and_says_what_to_do(packed: Path, 
     mnt.mkdir()
     result = dlfs("mount", packed, mnt, "--ready-timeout", "0.001", check=False)
     assert_one_line_error(result, "not ready after 0.001 s", "--ready-timeout")
-    assert not is_mounted(mnt) and os.listdir(mnt) == []
-    with pytest.raises(AssertionError, match="no daemon"):
-        _daemon_of(mnt)
+    assert not is_mounted(mnt) and os.listdir(mnt) == [] and _daemons_of(mnt) == []
 
 
 def test_a_daemon_stopped_after_it_mounted_leaves_no_dead_mount(packed: Path, tmp_path: Path) -> None:
@@ -287,6 +294,28 @@ def test_a_daemon_stopped_after_it_mounted_leaves_no_dead_mount(packed: Path, tm
     finally:
         child.kill()
         child.wait()
+        force_unmount(mnt)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp_path: Path, signum) -> None:
+    """Ctrl-C on a ``dlfs mount`` still waiting for its daemon stops the daemon too; a ``dlfs mount``
+    killed outright leaves a daemon that finds nobody to tell it is ready, and unmounts."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    command = [*DLFS, "mount", str(packed), str(mnt), "--log-file", str(tmp_path / "log")]
+    parent = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: _daemons_of(mnt) != [], 30), "no daemon started"
+        parent.send_signal(signum)
+        parent.wait(timeout=30)
+        assert wait_until(lambda: _daemons_of(mnt) == [], 30), "the daemon stayed"
+        assert not is_mounted(mnt) and os.listdir(mnt) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in _daemons_of(mnt):
+            os.kill(pid, signal.SIGKILL)
         force_unmount(mnt)
 
 
