@@ -151,8 +151,8 @@ def _read_until_eof(fd: int, timeout: float) -> str | None:
 
 
 def _stop(child: subprocess.Popen[bytes], mnt: str) -> None:
-    """Kill a daemon that was too slow, and remove the mount it may have made just before: without
-    its daemon that mount would answer every request with ENOTCONN."""
+    """Kill a daemon this command gave up on (too slow, or interrupted), and remove the mount it may
+    have made just before: without its daemon that mount would answer every request with ENOTCONN."""
     child.kill()
     child.wait()
     if mounted_fstype(mnt) == FSTYPE:

@@ -6,8 +6,9 @@ builds one: ``up`` makes an ext4 image, attaches it as a loop device (direct I/O
 file's page cache does not hide the limit), mounts it and sets ``blkio.throttle.read_iops_device``
 and ``read_bps_device`` for it in the cgroup ``dlfs-slowdisk`` (a rule per disk: several may be up
 at once); ``run`` executes a command inside that cgroup (every process it starts, a dlfs daemon
-included, reads at the limit); ``down`` undoes it all. Writes are not limited, so filling the disk is quick. Needs root and cgroup v1 blkio
-(netem and device-mapper delay do not work on this machine; these do)::
+included, reads at the limit); ``down`` undoes it all. Writes are not limited, so filling the disk
+is quick. Needs root and cgroup v1 blkio (netem and device-mapper delay do not work on this
+machine; these do)::
 
     tools/slowdisk.py up bench-data/slow --size 8G --iops 200 --bps 100M
     cp -a tree bench-data/slow/ && sync && echo 3 > /proc/sys/vm/drop_caches
@@ -109,7 +110,7 @@ def main() -> None:
     p.add_argument("--inodes", type=int, help="at least this many inodes (default: one per 16 KiB)")
     p = sub.add_parser("run", help="run a command inside the throttled cgroup")
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p = sub.add_parser("down", help="unmount, detach and remove the image and the cgroup")
+    p = sub.add_parser("down", help="unmount, detach and remove the image and its limits")
     p.add_argument("mnt", type=Path)
     args = parser.parse_args()
     if args.command == "up":
