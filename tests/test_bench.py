@@ -285,4 +285,8 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
     )
     for key in timed:
         assert results[key]["median"] > 0, key
+    for side in ("native", "dlfs"):  # too short a scan for whole clock ticks of CPU: just there
+        cpu = results[f"{side}_scan_cold_cpu"]
+        assert set(cpu) == {"scanner_user", "scanner_sys", "daemon"}, cpu
+        assert all(figure["min"] >= 0 for figure in cpu.values()), cpu
     assert not is_mounted(tmp_path / "mnt")
