@@ -131,16 +131,14 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         prefetcher.native = NativePusher.load(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)
     log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
     _serve_first()
-    try:
-        ready()
-    except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
-        log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
-        pyfuse3.close(unmount=True)
-        store.close()
-        return
     clean = False
     try:
-        trio.run(_serve, prefetcher)
+        try:
+            ready()
+        except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
+            log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
+        else:
+            trio.run(_serve, prefetcher)
         clean = True
     finally:
         pyfuse3.close(unmount=clean)
