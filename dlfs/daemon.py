@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: Scheduling priority of the daemon (nice value); see _serve_first.
 DAEMON_NICE = -10
+#: Listings of a folder before the read-ahead gives up teaching the kernel its files (see _reveal).
+REVEAL_TRIES = 3
 
 
 async def _serve(prefetcher: Prefetcher | None) -> None:
@@ -49,11 +51,19 @@ async def _serve(prefetcher: Prefetcher | None) -> None:
 def _reveal(operations: DlfsOperations, pages: MountPageCache, row: int) -> None:
     """List a folder through the mount so that the kernel learns every file in it (a push needs the
     inode). With ``--readdirplus auto`` the kernel may hold the folder's listing from a scan that
-    gave files no attributes, and would answer from it: that listing is dropped first."""
+    gave files no attributes, and would answer from it: that listing is dropped first. A scan's
+    listing still on its way back can fill the kernel's cache again after the drop (the background
+    listing after a scan starts as the scan's last reply goes out), so the listing is repeated until
+    one with attributes reached the daemon."""
     operations.want_attributes(row)
-    with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
-        pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
-    pages.reveal(operations.index.path(row))
+    for _ in range(REVEAL_TRIES):
+        full_listings = operations.full_listings[row]
+        with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
+            pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
+        pages.reveal(operations.index.path(row))
+        if operations.full_listings[row] > full_listings:
+            return
+    log.warning("the kernel kept answering listings of %s from its cache", operations.index.path(row))
 
 
 def _push(row: int, data: bytes | memoryview) -> None:
@@ -102,7 +112,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             budget=options.prefetch_budget,
             max_inflight=options.prefetch_inflight,
             in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
-            reveal=reveal,
+            reveal=lister.reveal_once,
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
 
@@ -113,6 +123,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
             "listed_folders": lister.listed,
+            "listing_folders": lister.pending,
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 

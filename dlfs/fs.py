@@ -92,6 +92,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.lister = lister
         self.requests: Counter[str] = Counter()
         self._attributes_wanted: set[int] = set()
+        #: Listings that gave every entry of the folder its attributes, to their end, per folder.
+        self.full_listings: Counter[int] = Counter()
         self._listings = dirents.Encoder(
             index, pyfuse3.ROOT_INODE, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK)
         )
@@ -210,19 +212,33 @@ class DlfsOperations(pyfuse3.Operations):
         first = max(start_id - len(DOTS), 0)
         plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS
         if RAW_READDIR:
-            self._readdir_encoded(rows, rows.start + first, self._attributes_for(row, plus), token)
+            attrs = self._attributes_for(row, plus)
+            ended = self._readdir_encoded(rows, rows.start + first, attrs, token)
+            full = attrs == dirents.Attributes.ALL
+        else:
+            ended, full = self._readdir_entries(rows, rows.start + first, plus, token), plus
+        if not ended:
             return
-        for start in range(rows.start + first, rows.stop, READDIR_BATCH):
-            batch = range(start, min(start + READDIR_BATCH, rows.stop))
+        if full:
+            self.full_listings[row] += 1
+        elif self.prefetcher is not None and self.lister is not None:
+            self.lister.scanned(row)  # the read-ahead will want these files' inodes
+
+    def _readdir_entries(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> bool:
+        """Children from ``start`` on, one call each, prepared in small vectorised batches (stock
+        pyfuse3); True when the reply reached the end of the listing."""
+        for first in range(start, rows.stop, READDIR_BATCH):
+            batch = range(first, min(first + READDIR_BATCH, rows.stop))
             if plus:
                 entries = map(self._entry, batch, self.index.attrs_run(batch))
             else:
-                entries = map(self._bare_entry, batch, self.index.mode[start : batch.stop].tolist())
+                entries = map(self._bare_entry, batch, self.index.mode[first : batch.stop].tolist())
             for child, name, entry in zip(batch, self.index.names_run(batch), entries, strict=True):
                 next_id = child - rows.start + len(DOTS) + 1
                 if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
-                    return
+                    return False
                 self._listed(range(child, child + 1), plus)
+        return True
 
     def want_attributes(self, row: int) -> None:
         """From now on, listings of this directory give every entry its attributes, in any mode: the
@@ -242,15 +258,17 @@ class DlfsOperations(pyfuse3.Operations):
 
     def _readdir_encoded(
         self, rows: range, start: int, attrs: dirents.Attributes, token: ReaddirToken
-    ) -> None:
-        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
+    ) -> bool:
+        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``); True
+        when the reply reached the end of the listing."""
         while start < rows.stop:
             next_id = start - rows.start + len(DOTS) + 1
             records, count = self._listings.encode(range(start, rows.stop), next_id, token.size, attrs)
             if count == 0 or not pyfuse3.readdir_reply_raw(token, records):
-                return
+                return False
             self._listed(range(start, start + count), attrs == dirents.Attributes.ALL)
             start += count
+        return True
 
     def _listed(self, rows: range, plus: bool) -> None:
         """Entries with attributes make the kernel know the inodes, which a push needs."""

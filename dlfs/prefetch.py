@@ -71,8 +71,9 @@ SENTINEL_SPACINGS = (13, 31, 61, 127, 251, 509, 1021)
 Push = Callable[[int, bytes | memoryview], None]
 #: Does the kernel already cache every page of this row's file?
 InKernel = Callable[[int], bool]
-#: Make the kernel learn every entry of this directory row (list it through the mount).
-Reveal = Callable[[int], None]
+#: Make the kernel learn every entry of this directory row (list it through the mount); False when
+#: another listing had done it.
+Reveal = Callable[[int], bool]
 
 
 def sentinel_spacing(budget: int, mean_size: float) -> int:
@@ -590,10 +591,9 @@ class Prefetcher:
         with self._listing:  # batches fetched side by side share directories: list each once
             dirs = np.unique(self.index.parent[rows[~self._known[rows]]])
             for row in dirs.tolist():
-                self.reveal(row)
+                self.stats.revealed_dirs += self.reveal(row)
                 children = self.index.children(row)
                 self._known[children.start : children.stop] = True
-            self.stats.revealed_dirs += int(dirs.size)
 
     @staticmethod
     def _groups(

@@ -285,8 +285,10 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
     )
     for key in timed:
         assert results[key]["median"] > 0, key
-    for side in ("native", "dlfs"):  # too short a scan for whole clock ticks of CPU: just there
-        cpu = results[f"{side}_scan_cold_cpu"]
-        assert set(cpu) == {"scanner_user", "scanner_sys", "daemon"}, cpu
+    figures = {"scanner_user", "scanner_sys", "daemon"}
+    for side, more in (("native", set()), ("dlfs", {"background", "background_cpu"})):
+        cpu = results[f"{side}_scan_cold_cpu"]  # too short a scan for whole clock ticks: just there
+        assert set(cpu) == figures | more, cpu
         assert all(figure["min"] >= 0 for figure in cpu.values()), cpu
+    assert results["background_after_find"] >= 0
     assert not is_mounted(tmp_path / "mnt")

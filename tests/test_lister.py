@@ -39,3 +39,62 @@ def test_a_folder_is_listed_once_after_enough_misses_and_again_once_forgotten(pa
         lister.looked_up(many)
     assert done.acquire(timeout=5) and listed == [many, many]
     assert wait_until(lambda: lister.listed == 2, 5)
+
+
+def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> None:
+    """Listings without file attributes of every folder holding files (``--readdirplus auto``) make
+    the lister list them all once more; folders listed already (by the read-ahead) are skipped, and
+    only folders with forgotten entries are listed again after the next whole scan."""
+    index = Index.load(open_store(packed))
+    folders = sorted(set(index.parent[index.regular_rows()].tolist()))
+    directories = [row for row in range(index.count) if index.is_dir(row)]
+    assert len(folders) >= 3 and len(directories) > len(folders), "some folders hold no files"
+    listed: list[int] = []
+
+    def reveal(row: int) -> None:
+        listed.append(row)
+
+    lister = FolderLister(index, reveal)
+    assert lister.reveal_once(folders[1]) and not lister.reveal_once(folders[1])
+    for row in directories:
+        if row != folders[-1]:
+            lister.scanned(row)
+    lister.scanned(folders[0])  # listed twice: still one folder
+    assert not wait_until(lambda: len(listed) > 1, 0.2), "a partial scan lists nothing"
+    lister.scanned(folders[-1])
+    assert wait_until(lambda: lister.pending == 0 and len(listed) == len(folders), 5), listed
+    assert sorted(listed) == folders and lister.listed == len(folders) - 1
+
+    children = index.children(folders[0])
+    lister.forgotten(np.arange(children.start, children.start + 1))
+    for row in folders:
+        lister.scanned(row)
+    assert wait_until(lambda: lister.pending == 0 and len(listed) == len(folders) + 1, 5), listed
+    assert listed.count(folders[0]) == 2 and not wait_until(lambda: len(listed) > len(folders) + 1, 0.2)
+
+
+def test_a_folder_being_listed_is_waited_for_not_listed_again(packed: Path) -> None:
+    index = Index.load(open_store(packed))
+    many = index.resolve(b"many")
+    assert many is not None
+    started, release = threading.Event(), threading.Event()
+    listed: list[int] = []
+
+    def reveal(row: int) -> None:
+        listed.append(row)
+        started.set()
+        assert release.wait(5)
+
+    lister = FolderLister(index, reveal)
+    first = threading.Thread(target=lister.reveal_once, args=(many,))
+    first.start()
+    assert started.wait(5)
+    second: list[bool] = []
+    waiter = threading.Thread(target=lambda: second.append(lister.reveal_once(many)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive(), "the second caller waits for the listing in progress"
+    release.set()
+    first.join(5)
+    waiter.join(5)
+    assert second == [False] and listed == [many]

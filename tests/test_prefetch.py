@@ -224,24 +224,35 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
-@pytest.mark.parametrize(("readdirplus", "relisted"), [("always", 0), ("auto", 4)])
-def test_entries_a_scan_listed_are_pushed(tmp_path: Path, mount, readdirplus: str, relisted: int) -> None:
+@pytest.mark.parametrize(
+    ("readdirplus", "scanned", "in_background", "by_read_ahead"),
+    [("always", 4, 0, 0), ("auto", 4, 4, 0), ("auto", 3, 0, 4)],
+)
+def test_entries_a_scan_listed_are_pushed(
+    tmp_path: Path, mount, readdirplus: str, scanned: int, in_background: int, by_read_ahead: int
+) -> None:
     """A training job scans its classes first (ImageFolder). With ``--readdirplus always`` those
     listings carry attributes, so the kernel knows every inode and the read-ahead pushes at once.
-    With ``auto`` they give files none, and the kernel keeps the listings: the read-ahead drops and
-    lists each folder again, once, with attributes."""
+    With ``auto`` they give files none, and the kernel keeps the listings: once the scan has listed
+    every folder, the daemon lists them all again with attributes in the background, before any
+    epoch. After a partial scan it does not, and the read-ahead drops and lists each folder again
+    itself, once, with attributes (the unscanned one too: the kernel knows none of its files)."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
     with mount(tmp_path / "ds", "--prefetch-budget", "64M", "--readdirplus", readdirplus) as mnt:
         mnt = Path(mnt)
-        for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name):
+        for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name)[:scanned]:
             list(os.scandir(class_dir.path))
+        assert wait_until(lambda: _stats(mnt)["listed_folders"] == in_background, 15)
+        assert wait_until(lambda: _stats(mnt)["listing_folders"] == 0, 15)
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         data = _read_all(paths)
-        prefetch = _stats(mnt)["prefetch"]
+        stats = _stats(mnt)
+    prefetch = stats["prefetch"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    assert prefetch["revealed_dirs"] == relisted and prefetch["push_refused"] == 0, prefetch
+    assert stats["listed_folders"] == in_background, stats
+    assert prefetch["revealed_dirs"] == by_read_ahead and prefetch["push_refused"] == 0, prefetch
     assert prefetch["pushed_files"] > 0.95 * len(paths), prefetch
 
 
