@@ -53,15 +53,15 @@ def _reveal(operations: DlfsOperations, pages: MountPageCache, row: int) -> None
     inode). With ``--readdirplus auto`` the kernel may hold the folder's listing from a scan that
     gave files no attributes, and would answer from it: that listing is dropped first. A scan's
     listing still on its way back can fill the kernel's cache again after the drop (the background
-    listing after a scan starts as the scan's last reply goes out), so the listing is repeated until
+    listing after a scan starts as the scan's last listing begins), so the listing is repeated until
     one with attributes reached the daemon."""
     operations.want_attributes(row)
     for _ in range(REVEAL_TRIES):
-        full_listings = operations.full_listings[row]
+        attribute_listings = operations.attribute_listings[row]
         with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
             pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
         pages.reveal(operations.index.path(row))
-        if operations.full_listings[row] > full_listings:
+        if operations.attribute_listings[row] > attribute_listings:
             return
     log.warning("the kernel kept answering listings of %s from its cache", operations.index.path(row))
 

@@ -92,8 +92,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.lister = lister
         self.requests: Counter[str] = Counter()
         self._attributes_wanted: set[int] = set()
-        #: Listings that gave every entry of the folder its attributes, to their end, per folder.
-        self.full_listings: Counter[int] = Counter()
+        #: Listings that began with attributes for every entry, per folder (see ``daemon._reveal``).
+        self.attribute_listings: Counter[int] = Counter()
         self._listings = dirents.Encoder(
             index, pyfuse3.ROOT_INODE, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK)
         )
@@ -213,20 +213,20 @@ class DlfsOperations(pyfuse3.Operations):
         plus = getattr(token, "plus", True)  # stock pyfuse3 always answers READDIRPLUS
         if RAW_READDIR:
             attrs = self._attributes_for(row, plus)
-            ended = self._readdir_encoded(rows, rows.start + first, attrs, token)
-            full = attrs == dirents.Attributes.ALL
+            self._readdir_encoded(rows, rows.start + first, attrs, token)
+            with_attributes = attrs == dirents.Attributes.ALL
         else:
-            ended, full = self._readdir_entries(rows, rows.start + first, plus, token), plus
-        if not ended:
-            return
-        if full:
-            self.full_listings[row] += 1
-        elif self.prefetcher is not None and self.lister is not None:
-            self.lister.scanned(row)  # the read-ahead will want these files' inodes
+            self._readdir_entries(rows, rows.start + first, plus, token)
+            with_attributes = plus
+        if start_id == 0 and rows:  # a listing begins (the kernel's cache did not answer it)
+            if with_attributes:
+                self.attribute_listings[row] += 1
+            elif self.prefetcher is not None and self.lister is not None:
+                self.lister.scanned(row)  # the read-ahead will want these files' inodes
 
-    def _readdir_entries(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> bool:
+    def _readdir_entries(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> None:
         """Children from ``start`` on, one call each, prepared in small vectorised batches (stock
-        pyfuse3); True when the reply reached the end of the listing."""
+        pyfuse3)."""
         for first in range(start, rows.stop, READDIR_BATCH):
             batch = range(first, min(first + READDIR_BATCH, rows.stop))
             if plus:
@@ -236,9 +236,8 @@ class DlfsOperations(pyfuse3.Operations):
             for child, name, entry in zip(batch, self.index.names_run(batch), entries, strict=True):
                 next_id = child - rows.start + len(DOTS) + 1
                 if not pyfuse3.readdir_reply(token, FileNameT(name), entry, next_id):
-                    return False
+                    return
                 self._listed(range(child, child + 1), plus)
-        return True
 
     def want_attributes(self, row: int) -> None:
         """From now on, listings of this directory give every entry its attributes, in any mode: the
@@ -258,17 +257,15 @@ class DlfsOperations(pyfuse3.Operations):
 
     def _readdir_encoded(
         self, rows: range, start: int, attrs: dirents.Attributes, token: ReaddirToken
-    ) -> bool:
-        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``); True
-        when the reply reached the end of the listing."""
+    ) -> None:
+        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
         while start < rows.stop:
             next_id = start - rows.start + len(DOTS) + 1
             records, count = self._listings.encode(range(start, rows.stop), next_id, token.size, attrs)
             if count == 0 or not pyfuse3.readdir_reply_raw(token, records):
-                return False
+                return
             self._listed(range(start, start + count), attrs == dirents.Attributes.ALL)
             start += count
-        return True
 
     def _listed(self, rows: range, plus: bool) -> None:
         """Entries with attributes make the kernel know the inodes, which a push needs."""
@@ -320,15 +317,21 @@ class DlfsOperations(pyfuse3.Operations):
 
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
         """Nothing to free (inodes are rows); the read-ahead and the lister learn which entries the
-        kernel lost."""
+        kernel lost. Their folders' listings go back to the mode's own: after the kernel forgot a
+        tree, a scan under ``--readdirplus auto`` is as fast as the first one, not one giving every
+        file attributes because the read-ahead once wanted them."""
         if not inode_list:
             return
+        self.requests["forget"] += len(inode_list)
         rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
         rows = rows[(rows >= 0) & (rows < self.index.count)]
         if self.prefetcher is not None:
             self.prefetcher.forgotten(rows)
-        if self.lister is not None:
-            self.lister.forgotten(rows)
+        if rows.size and (self._attributes_wanted or self.lister is not None):
+            folders = np.unique(self.index.parent[rows]).tolist()
+            self._attributes_wanted.difference_update(folders)
+            if self.lister is not None:
+                self.lister.forgotten(folders)
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
         out = StatvfsData()

@@ -72,7 +72,7 @@ class FolderLister:
         self._list([parent])
 
     def scanned(self, folder: int) -> None:
-        """A listing of ``folder`` went to its end without giving its files attributes."""
+        """A listing of ``folder`` began without giving its files attributes."""
         if self._folders is None or self._scanned is None:
             self._folders = np.zeros(self.index.count, dtype=bool)
             self._folders[self.index.parent[self.index.regular_rows()]] = True
@@ -122,11 +122,10 @@ class FolderLister:
             mine.set()
         return True
 
-    def forgotten(self, rows: np.ndarray) -> None:
-        """The kernel dropped these entries: their folders may be listed again."""
-        if not rows.size or not (self._done or self._revealed):
+    def forgotten(self, folders: list[int]) -> None:
+        """The kernel dropped entries of these folders: they may be listed again."""
+        if not (self._done or self._revealed):
             return
-        folders = np.unique(self.index.parent[rows]).tolist()
         self._done.difference_update(folders)
         with self._revealing:
             for folder in folders:

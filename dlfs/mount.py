@@ -45,7 +45,7 @@ class MountOptions:
     # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
     # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
     prefetch_inflight: int = 16
-    readdirplus: str = "always"
+    readdirplus: str = "auto"
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:

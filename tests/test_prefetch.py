@@ -256,6 +256,24 @@ def test_entries_a_scan_listed_are_pushed(
     assert prefetch["pushed_files"] > 0.95 * len(paths), prefetch
 
 
+def test_a_scan_after_the_kernel_forgot_the_tree_is_a_plain_one_again(tmp_path: Path, mount) -> None:
+    """Under ``auto`` the background listing wants every file's attributes; once the kernel forgot
+    the tree, the next scan gets plain listings again (and the background listing follows it), not
+    listings with attributes that would make the scanner build every inode as ``always`` does."""
+    src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=1_000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--readdirplus", "auto") as mnt:
+        mnt = Path(mnt)
+        for scan in (1, 2):
+            for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name):
+                list(os.scandir(class_dir.path))
+            assert wait_until(lambda n=4 * scan: _stats(mnt)["listed_folders"] == n, 15), _stats(mnt)
+            assert wait_until(lambda: _stats(mnt)["listing_folders"] == 0, 15)
+            forgets = _stats(mnt)["requests"].get("forget", 0)
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            assert wait_until(lambda n=forgets + 200: _stats(mnt)["requests"].get("forget", 0) >= n, 15)
+
+
 def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) -> None:
     """Pushed files the kernel forgets before the reader comes (memory pressure) are pushed again."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)

@@ -37,6 +37,7 @@ from benchlib import (
 
 from dlfs import bench
 from dlfs.control import parse_order
+from dlfs.mount import MountOptions
 
 #: Steps of reading an epoch's order file, as a sampler does at the start of each epoch.
 ORDER_STEPS = ("order_lookup", "order_read", "order_parse")
@@ -103,8 +104,8 @@ def main() -> None:
     parser.add_argument(
         "--readdirplus",
         choices=("always", "auto"),
-        default="always",
-        help="the mount's listing mode (see dlfs mount --help)",
+        default=MountOptions().readdirplus,
+        help="the mount's listing mode (see dlfs mount --help; default: dlfs mount's)",
     )
     parser.add_argument(
         "--reuse-dataset",
