@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,6 +224,39 @@ def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, tmp_path: 
             [bench.Root.parse(str(mnt))], bench.Options(jobs=["stat", "orderread"], readers=2), progress
         )
     assert armed["stat"] == {} and list(armed["orderread"]) == ["epoch-0.rank-0-of-1"]
+
+
+def test_a_run_starts_once_the_mount_is_done_listing_in_the_background(
+    tree: Path, tmp_path: Path, mount: object
+) -> None:
+    """After a whole-tree scan (``--readdirplus auto``) the daemon lists every folder again; a timed
+    run waits for that, so that it does not pay for the run before it."""
+    dataset = tmp_path / "dataset"
+    dlfs("pack", tree, dataset)
+    with mount(dataset, "--readdirplus", "auto") as mnt:  # type: ignore[operator]
+        stats = mnt / ".dlfs" / "stats"
+        assert bench.imagefolder_scan(str(mnt)) == CLASSES * PER_CLASS + 1
+        one = ["n00000000/n00000000_0.JPEG"]
+        run = bench.run_once(bench.Root.parse(str(mnt)), "stat", one, bench.Options())
+        after = json.loads(stats.read_text())
+    assert after["listing_folders"] == 0 and after["listed_folders"] == CLASSES + 1, after
+    assert run["waited_for_background_s"] >= 0
+    assert bench.wait_idle(str(tree)) == 0.0, "a root that is no dlfs mount has nothing to wait for"
+
+
+def test_waiting_for_the_background_listing_ends_or_times_out(tmp_path: Path) -> None:
+    stats = tmp_path / ".dlfs" / "stats"
+    stats.parent.mkdir()
+    stats.write_text(json.dumps({"listing_folders": 3}))
+    with pytest.raises(bench.BenchError, match="still listing folders"):
+        bench.wait_idle(str(tmp_path), timeout=0.1)
+    (tmp_path / "idle").write_text(json.dumps({"listing_folders": 0}))
+    done = threading.Timer(0.3, os.replace, (tmp_path / "idle", stats))  # whole, as the mount's is
+    done.start()
+    try:
+        assert 0.25 <= bench.wait_idle(str(tmp_path), timeout=10) < 5
+    finally:
+        done.cancel()
 
 
 @pytest.mark.parametrize("processes", [True, False])

@@ -56,18 +56,6 @@ def order_steps(mnt: Path, repeat: int) -> dict[str, dict[str, float]]:
     return {step: spread(t) for step, t in times.items()}
 
 
-def background_done(mnt: Path, timeout: float = 600) -> float:
-    """Wait until the daemon has no folder left to list in the background (after a whole scan with
-    ``--readdirplus auto`` it lists every folder again, with attributes, for the read-ahead), so
-    that the next timed step starts from an idle daemon. Returns the seconds waited."""
-    started = time.monotonic()
-    while json.loads((mnt / ".dlfs" / "stats").read_bytes())["listing_folders"]:
-        if time.monotonic() - started > timeout:
-            raise TimeoutError(f"the mount on {mnt} was still listing folders after {timeout:g} s")
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 def cold_scans(root: Path, runs: int, daemon: int | None = None) -> dict[str, dict[str, float]]:
     """``runs`` ImageFolder scans of ``root``, each after dropping the caches: the wall time
     (``wall``) and where the CPU went, the scanning process's user and system seconds and a FUSE
@@ -88,7 +76,7 @@ def cold_scans(root: Path, runs: int, daemon: int | None = None) -> dict[str, di
         if daemon:
             daemon_after = bench.proc_cpu(daemon)
             seen["daemon"].append(daemon_after - daemon_before)
-            seen["background"].append(background_done(root))
+            seen["background"].append(bench.wait_idle(str(root)))
             seen["background_cpu"].append(bench.proc_cpu(daemon) - daemon_after)
         else:
             seen["daemon"].append(0.0)
@@ -147,7 +135,7 @@ def main() -> None:
             first_find, count = timed(lambda: find_count(str(mnt)))
             assert count == results["entries"], (count, results["entries"])
             results["dlfs_find_first"] = first_find
-            results["background_after_find"] = background_done(mnt)
+            results["background_after_find"] = bench.wait_idle(str(mnt))
             results["rss_after_find"] = rss_bytes(pid)
             results["dlfs_find"] = median_of(args.repeat, lambda: find_count(str(mnt)))
             assert imagefolder_scan(str(mnt)) == args.files
@@ -155,13 +143,13 @@ def main() -> None:
             if can_drop_caches():
 
                 def idle_and_cold() -> None:
-                    background_done(mnt)
+                    bench.wait_idle(str(mnt))
                     drop_caches()
 
                 results["dlfs_find_cold"] = median_of(
                     args.repeat, lambda: find_count(str(mnt)), before=idle_and_cold
                 )
-                background_done(mnt)
+                bench.wait_idle(str(mnt))
                 cold = cold_scans(mnt, args.repeat, pid)
                 results["dlfs_scan_cold"], results["dlfs_scan_cold_cpu"] = cold.pop("wall"), cold
             results["rss_after_all"] = rss_bytes(pid)
