@@ -322,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: attributes for folders only, so a scan or find builds no inode per file and runs "
         "at native speed; once a scan has listed the whole tree, the daemon lists it again with "
         "attributes in the background (with the read-ahead on), for the pushes; always: every "
-        "listing carries attributes, the scan itself builds the inodes (about twice as slow cold on "
-        f"millions of files; a few percent faster first epoch on small trees) {D}",
+        "listing carries attributes, the scan itself builds the inodes (a cold scan of millions of "
+        f"files 2-3x slower; a first epoch that starts the moment the scan ends, faster) {D}",
     )
     p.add_argument(
         "--ready-timeout",
