@@ -54,9 +54,10 @@ def _reveal(operations: DlfsOperations, pages: MountPageCache, row: int) -> None
     gave files no attributes, and would answer from it: that listing is dropped first. A scan's
     listing still on its way back can fill the kernel's cache again after the drop (the background
     listing after a scan starts as the scan's last listing begins), so the listing is repeated until
-    one with attributes reached the daemon."""
-    operations.want_attributes(row)
+    one with attributes reached the daemon. Each try marks the folder again: a FORGET for its
+    entries (``drop_caches`` sends them in batches) returns it to plain listings."""
     for _ in range(REVEAL_TRIES):
+        operations.want_attributes(row)
         attribute_listings = operations.attribute_listings[row]
         with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
             pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
