@@ -240,8 +240,9 @@ class DlfsOperations(pyfuse3.Operations):
                 self._listed(range(child, child + 1), plus)
 
     def want_attributes(self, row: int) -> None:
-        """From now on, listings of this directory give every entry its attributes, in any mode: the
-        read-ahead lists it so that the kernel learns the files it is about to push."""
+        """Listings of this directory give every entry its attributes, in any mode, until the kernel
+        forgets some of its entries: the read-ahead lists it so that the kernel learns the files it
+        is about to push."""
         self._attributes_wanted.add(row)
 
     def _attributes_for(self, row: int, plus: bool) -> dirents.Attributes:
