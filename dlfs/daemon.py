@@ -103,7 +103,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         (bound below) exists by then."""
         _reveal(operations, pages, row)
 
-    lister = FolderLister(index, reveal)
+    lister = FolderLister(index, reveal, after_scans=options.prefetch_budget > 0)
     prefetcher = None
     if options.prefetch_budget > 0:
         prefetcher = Prefetcher(

@@ -221,7 +221,7 @@ class DlfsOperations(pyfuse3.Operations):
         if start_id == 0 and rows:  # a listing begins (the kernel's cache did not answer it)
             if with_attributes:
                 self.attribute_listings[row] += 1
-            elif self.prefetcher is not None and self.lister is not None:
+            elif self.lister is not None:
                 self.lister.scanned(row)  # the read-ahead will want these files' inodes
 
     def _readdir_entries(self, rows: range, start: int, plus: bool, token: ReaddirToken) -> None:

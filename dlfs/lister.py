@@ -44,10 +44,14 @@ class FolderLister:
     cached entries and make the kernel build them again.
     """
 
-    def __init__(self, index: Index, reveal: Callable[[int], None], misses: int = MISSES) -> None:
+    def __init__(
+        self, index: Index, reveal: Callable[[int], None], misses: int = MISSES, after_scans: bool = True
+    ) -> None:
         self.index = index
         self.reveal = reveal
         self.misses = misses
+        #: List the whole tree again after a scan of it: only the read-ahead needs the inodes.
+        self.after_scans = after_scans
         self.listed = 0
         self._revealed: dict[int, threading.Event] = {}  # set: listed; unset: being listed
         self._revealing = threading.Lock()
@@ -57,9 +61,9 @@ class FolderLister:
         self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._pending = 0  # queued or being listed; guarded by _count
         self._threads: list[threading.Thread] = []
-        self._folders: np.ndarray | None = None  # folders holding files, found at the first scan
-        self._scanned: np.ndarray | None = None  # listed without attributes since the last relisting
-        self._unscanned = 0
+        self._folders: np.ndarray | None = None  # rows of folders holding files, found at the first scan
+        self._is_folder: np.ndarray | None = None  # the same as a mask over rows
+        self._scanned: set[int] = set()  # listed without attributes since the last relisting
 
     def looked_up(self, parent: int) -> None:
         """A LOOKUP found an entry of ``parent``, which the kernel did not have."""
@@ -73,19 +77,18 @@ class FolderLister:
 
     def scanned(self, folder: int) -> None:
         """A listing of ``folder`` began without giving its files attributes."""
-        if self._folders is None or self._scanned is None:
-            self._folders = np.zeros(self.index.count, dtype=bool)
-            self._folders[self.index.parent[self.index.regular_rows()]] = True
-            self._scanned = np.zeros(self.index.count, dtype=bool)
-            self._unscanned = int(np.count_nonzero(self._folders))
-        if not self._folders[folder] or self._scanned[folder]:
+        if not self.after_scans:
             return
-        self._scanned[folder] = True
-        self._unscanned -= 1
-        if self._unscanned == 0:  # the whole tree: list it all again, with attributes
-            self._scanned[:] = False
-            self._unscanned = int(np.count_nonzero(self._folders))
-            self._list(np.flatnonzero(self._folders).tolist())
+        if self._folders is None or self._is_folder is None:
+            self._is_folder = np.zeros(self.index.count, dtype=bool)
+            self._is_folder[self.index.parent[self.index.regular_rows()]] = True  # no sort, unlike unique
+            self._folders = np.flatnonzero(self._is_folder)
+        if not self._is_folder[folder]:
+            return
+        self._scanned.add(folder)
+        if len(self._scanned) == len(self._folders):  # the whole tree: list it all again, with attributes
+            self._scanned.clear()
+            self._list(self._folders.tolist())
 
     @property
     def pending(self) -> int:

@@ -52,6 +52,11 @@ def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> N
     def reveal(row: int) -> None:
         listed.append(row)
 
+    idle = FolderLister(index, reveal, after_scans=False)  # no read-ahead: nobody needs the inodes
+    for row in folders:
+        idle.scanned(row)
+    assert not wait_until(lambda: bool(listed), 0.2), "listed without a read-ahead to serve"
+
     lister = FolderLister(index, reveal)
     assert lister.reveal_once(folders[1]) and not lister.reveal_once(folders[1])
     for row in directories:
