@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -325,4 +326,23 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
         assert set(cpu) == figures | more, cpu
         assert all(figure["min"] >= 0 for figure in cpu.values()), cpu
     assert results["background_after_find"] >= 0
+    assert not is_mounted(tmp_path / "mnt")
+
+
+def test_read_benchmark_reports_every_case(tmp_path: Path) -> None:
+    """``tools/bench_read.py`` end to end on a small tree: every case, warm and cold, as JSON, and
+    each case's files/s and CPU per file as it goes."""
+    out = tool(TOOLS / "bench_read.py", "--files", "200", "--classes", "2", "--readers", "2", "--repeat", "1",
+               "--work", tmp_path, "--json")  # fmt: skip
+    results = json.loads(out.stdout)
+    cases = ["native", "dlfs read-ahead", "dlfs read-ahead, always", "dlfs no read-ahead"]
+    expected = {f"{case} {temperature}" for case in cases for temperature in ("warm", "cold")}
+    assert set(results) == expected | {"dlfs read-ahead 2nd epoch warm"}
+    for case, by_readers in results.items():
+        row = by_readers["2"]
+        assert row["items_per_s"] > 0 and row["bytes"] > 0, case
+        assert ("daemon_cpu_s" in row) == case.startswith("dlfs"), case
+    progress = [line for line in out.stderr.splitlines() if "readers:" in line]
+    assert len(progress) == len(results)
+    assert all(re.search(r"files/s, +\d+ us CPU per file$", line) for line in progress), progress
     assert not is_mounted(tmp_path / "mnt")
