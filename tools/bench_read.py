@@ -3,11 +3,11 @@
 
 The reading is ``dlfs bench``'s ``orderread`` job (processes, like DataLoader workers; every file
 read whole and unbuffered, as ``dlfs.torch.pil_loader`` does). Reports files/s, MB/s, per-file
-latency p50/p99 and the disk's busy share (medians over --repeat runs), as a table and JSON. What
-this adds to ``dlfs bench``: a fresh mount for every run, so no run profits from pages an earlier
-one left in the mount, and a cold start the way a training job has one: caches dropped, mount,
-ImageFolder's scan, then the epoch (``dlfs bench --cold`` drops the caches after the scan, so the
-kernel forgets the inodes too).
+latency p50/p99, the CPU a file cost the readers and the daemon, and the disk's busy share (medians
+over --repeat runs), as a table and JSON. What this adds to ``dlfs bench``: a fresh mount for every
+run, so no run profits from pages an earlier one left in the mount, and a cold start the way a
+training job has one: caches dropped, mount, ImageFolder's scan, then the epoch (``dlfs bench
+--cold`` drops the caches after the scan, so the kernel forgets the inodes too).
 
 Cases: native tree, dlfs with read-ahead, dlfs without; each warm and cold. "Cold" drops the page
 cache first. "Warm" means the storage is in the page cache: the native files after an untimed pass,
