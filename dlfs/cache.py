@@ -2,11 +2,36 @@
 
 The kernel asks for at most 128 KiB per read, so a 500 KB image arrives as several requests; the
 cache makes the later ones free. It never holds more than its budget, whatever the file sizes.
+
+Evicted payloads go back to the C allocator, which keeps what is freed in its arenas (one per
+thread that loaded payloads): after an epoch read without read-ahead, a 256 MiB cache left the
+daemon at 433-452 MiB of RSS. So each time a quarter of the budget has been evicted, the cache
+asks glibc to hand free pages back to the system (``malloc_trim``): 326-334 MiB, the index and the
+budget plus what was evicted since.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 from collections import OrderedDict
+from collections.abc import Callable
+
+#: Free memory goes back to the system each time evictions add up to this share of the budget.
+TRIM_AFTER = 0.25
+
+
+def _allocator_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return functools.partial(trim, 0)
+
+
+trim_allocator = _allocator_trim()
 
 
 class PayloadCache:
@@ -16,6 +41,8 @@ class PayloadCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.trims = 0
+        self._evicted_since_trim = 0
         self._items: OrderedDict[int, bytes] = OrderedDict()
 
     def get(self, row: int) -> bytes | None:
@@ -35,11 +62,16 @@ class PayloadCache:
         if old is not None:
             self.used -= len(old)
         while self._items and self.used + len(data) > self.budget:
-            _, evicted = self._items.popitem(last=False)
-            self.used -= len(evicted)
+            evicted = len(self._items.popitem(last=False)[1])
+            self.used -= evicted
+            self._evicted_since_trim += evicted
             self.evictions += 1
         self._items[row] = data
         self.used += len(data)
+        if self._evicted_since_trim > self.budget * TRIM_AFTER and trim_allocator is not None:
+            self._evicted_since_trim = 0
+            self.trims += 1
+            trim_allocator()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -49,4 +81,5 @@ class PayloadCache:
             "hits": self.hits,
             "misses": self.misses,
             "evictions": self.evictions,
+            "trims": self.trims,
         }

@@ -12,6 +12,7 @@ import pytest
 import trio
 from conftest import dlfs, write
 
+from dlfs import cache as cache_module
 from dlfs import dirents, fs
 from dlfs.cache import PayloadCache
 from dlfs.control import ControlTree
@@ -125,6 +126,24 @@ def test_cache_never_exceeds_its_budget() -> None:
     cache.put(99, bytes(5000))
     assert cache.get(99) is None and cache.used <= 1000
     assert cache.evictions > 0
+
+
+def test_evictions_hand_freed_memory_back_each_quarter_budget() -> None:
+    """What the cache evicts stays in glibc's arenas until trimmed: the daemon's RSS grew to almost
+    twice the cache's budget without it."""
+    assert cache_module.trim_allocator is not None, "glibc's malloc_trim not found"
+    cache = PayloadCache(1000)
+    for row in range(4):
+        cache.put(row, bytes(250))
+    cache.put(4, bytes(250))
+    assert (cache.evictions, cache.trims) == (1, 0), "a quarter evicted: not yet"
+    cache.put(5, bytes(250))
+    assert (cache.evictions, cache.trims) == (2, 1)
+    for row in range(6, 12):
+        cache.put(row, bytes(250))
+    assert (cache.evictions, cache.stats()["trims"]) == (8, 4), "one every two evictions of 250"
+    cache.put(11, bytes(250))  # replacing an entry evicts nothing
+    assert (cache.evictions, cache.trims) == (8, 4)
 
 
 class _Token:
