@@ -20,6 +20,12 @@ from dlfs.mount import READY_TIMEOUT, MountOptions
 
 #: ``dlfs mount``'s flag defaults: the options' own, so the two never disagree.
 MOUNT_DEFAULTS = MountOptions()
+#: What ``dlfs --help`` says first (the module docstring is for the next engineer, not the user).
+DESCRIPTION = (
+    "A read-only FUSE filesystem for training data: pack a tree of small files into a few shards "
+    "and an index, mount it as the original tree, and read each epoch in its published shuffle "
+    "order with the files fetched ahead of the reader."
+)
 
 if TYPE_CHECKING:  # the CLI imports numpy-backed modules only for the commands that need them
     from dlfs.index import Index
@@ -241,7 +247,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlfs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="dlfs", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"dlfs {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
