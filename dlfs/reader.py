@@ -3,7 +3,9 @@
 Every byte handed out has been checked against the checksum recorded at pack time; a mismatch is an
 ``IntegrityError`` (EIO at the mount), logged once per file, never wrong bytes. Files up to
 ``WHOLE_PAYLOAD_LIMIT`` are read whole (one storage request, then cached); larger ones are checked
-once by streaming, then served by range.
+once by streaming, then served by range. Storage reads run in threads, so a request waiting for the
+disk holds up no other, except a small file whose bytes are all in the page cache: that one is read
+in the event loop, where a thread hop would cost more than the read.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from dlfs.store import Store
 log = logging.getLogger(__name__)
 
 VERIFY_CHUNK = 8 << 20
+#: Files up to this size whose stored bytes are all in the page cache are read in the event loop
+#: itself, with a read that must not wait: the hop to a thread and back cost more than the read.
+INLINE_LIMIT = 1 << 20
 T = TypeVar("T")
 
 
@@ -72,6 +77,17 @@ class Reader:
         """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
         return self.decode(row, self._raw(row, 0, int(self.index.stored[row])))
 
+    def load_cached(self, row: int) -> bytes | None:
+        """``load`` for a small file whose stored bytes are all in the page cache, never waiting for
+        storage (so the event loop may call it); None when some are not."""
+        stored = int(self.index.stored[row])
+        if stored > INLINE_LIMIT:
+            return None
+        buffer = memoryview(bytearray(stored))
+        if self.fetch_into(row, int(self.index.offset[row]), buffer, wait=False) is None:
+            return None
+        return bytes(self.decode(row, buffer))
+
     def decode(self, row: int, stored: bytes | memoryview) -> bytes | memoryview:
         """Stored payload -> original bytes, verified against the file's checksum."""
         index = self.index
@@ -117,7 +133,9 @@ class Reader:
             if self.is_whole(row):
                 data = self.cache.get(row)
                 if data is None:
-                    data = await self._once(row, self.load)
+                    data = self.load_cached(row)
+                    if data is None:
+                        data = await self._once(row, self.load)
                     self.cache.put(row, data)
                 return data[offset : offset + size]
             if not self._verified[row]:
