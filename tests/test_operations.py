@@ -141,8 +141,11 @@ def test_a_small_file_in_the_page_cache_is_read_without_a_thread(on_disk: Path) 
     small, large = (ops.index.resolve(name) for name in (b"small.bin", b"large.bin"))
     assert small is not None and large is not None
     (shard,) = (on_disk / "ds").glob("*.shard")
-    shard.read_bytes()
-    assert ops.reader.load_cached(small) == (src / "small.bin").read_bytes()
+    for _ in range(10):  # this VM's DAMON may take a page of a file just read (docs/benchmarks.md)
+        shard.read_bytes()
+        if (inline := ops.reader.load_cached(small)) is not None:
+            break
+    assert inline == (src / "small.bin").read_bytes()
     assert ops.reader.load_cached(large) is None, "large files are read in a thread"
     drop_from_memory(shard)
     assert ops.reader.load_cached(small) is None, "not in memory: it must not wait"
