@@ -37,15 +37,25 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-def cached_pages(fd: int, length: int) -> int | None:
-    """Pages of the first ``length`` bytes of ``fd`` in the page cache; None without cachestat."""
-    span, out = _Range(0, length), _Stat()
+def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
+    """Pages of ``length`` bytes of ``fd`` from ``offset`` in the page cache; None without cachestat."""
+    span, out = _Range(offset, length), _Stat()
     if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(out), 0) != 0:
         code = ctypes.get_errno()
         if code in (errno.ENOSYS, errno.EPERM):  # an older kernel, or a seccomp filter
             return None
         raise OSError(code, os.strerror(code))
     return int(out.nr_cache)
+
+
+def in_memory(fd: int, offset: int, length: int) -> bool:
+    """Is every page of the range in the page cache? True where the kernel cannot tell (no
+    cachestat). Unlike a read that must not wait, which starts reading what is missing before it
+    gives up, asking starts no I/O."""
+    if length == 0:
+        return True
+    pages = cached_pages(fd, length, offset)
+    return pages is None or pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
 
 
 class MountPageCache:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from dlfs.errors import DatasetError, StoreError
+from dlfs.pagecache import in_memory
 
 
 class ShardWriter(Protocol):
@@ -232,7 +233,10 @@ class LocalStore:
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
-            got = os.preadv(self._fd(name), [buffer], offset, 0 if wait else os.RWF_NOWAIT)
+            fd = self._fd(name)
+            if not wait and not in_memory(fd, offset, len(buffer)):
+                return None  # RWF_NOWAIT alone would start reading the missing pages first
+            got = os.preadv(fd, [buffer], offset, 0 if wait else os.RWF_NOWAIT)
         except BlockingIOError:
             return None
         except OSError as exc:
