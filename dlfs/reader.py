@@ -81,7 +81,7 @@ class Reader:
         """``load`` for a small file whose stored bytes are all in the page cache, never waiting for
         storage (so the event loop may call it); None when some are not."""
         stored = int(self.index.stored[row])
-        if stored > INLINE_LIMIT:
+        if max(stored, int(self.index.size[row])) > INLINE_LIMIT:  # nor a long lz4 decompression
             return None
         buffer = memoryview(bytearray(stored))
         if self.fetch_into(row, int(self.index.offset[row]), buffer, wait=False) is None:

@@ -131,15 +131,17 @@ def test_cache_never_exceeds_its_budget() -> None:
 
 def test_a_small_file_in_the_page_cache_is_read_without_a_thread(on_disk: Path) -> None:
     """A thread hop per READ cost more than the read (a warm epoch without read-ahead: 2.3k files/s
-    through threads, 4.6-6.6k inline); a file with bytes not in memory still goes to a thread, where
+    through threads, 4.6-7.1k inline); a file with bytes not in memory still goes to a thread, where
     waiting for storage blocks no other request."""
     src = on_disk / "src"
     write(src / "small.bin", os.urandom(50_000))
     write(src / "large.bin", os.urandom(reader_module.INLINE_LIMIT + 1))
-    dlfs("pack", src, on_disk / "ds")
+    write(src / "zeros.bin", bytes(2 * reader_module.INLINE_LIMIT))  # a few KiB once compressed
+    dlfs("pack", src, on_disk / "ds", "--compress", "lz4")
     ops = _operations(on_disk / "ds")
-    small, large = (ops.index.resolve(name) for name in (b"small.bin", b"large.bin"))
-    assert small is not None and large is not None
+    small, large, zeros = (ops.index.resolve(name) for name in (b"small.bin", b"large.bin", b"zeros.bin"))
+    assert small is not None and large is not None and zeros is not None
+    assert ops.index.stored[zeros] < reader_module.INLINE_LIMIT
     (shard,) = (on_disk / "ds").glob("*.shard")
     for _ in range(10):  # this VM's DAMON may take a page of a file just read (docs/benchmarks.md)
         shard.read_bytes()
@@ -147,6 +149,7 @@ def test_a_small_file_in_the_page_cache_is_read_without_a_thread(on_disk: Path) 
             break
     assert inline == (src / "small.bin").read_bytes()
     assert ops.reader.load_cached(large) is None, "large files are read in a thread"
+    assert ops.reader.load_cached(zeros) is None, "and so are files that decompress large"
     drop_from_memory(shard)
     assert ops.reader.load_cached(small) is None, "not in memory: it must not wait"
     assert _run(ops.reader.read, small, 0, 1 << 20) == (src / "small.bin").read_bytes()
