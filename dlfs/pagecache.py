@@ -48,14 +48,14 @@ def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
     return int(out.nr_cache)
 
 
-def in_memory(fd: int, offset: int, length: int) -> bool:
-    """Is every page of the range in the page cache? True where the kernel cannot tell (no
+def in_memory(fd: int, offset: int, length: int) -> bool | None:
+    """Is every page of the range in the page cache? None where the kernel cannot tell (no
     cachestat). Unlike a read that must not wait, which starts reading what is missing before it
     gives up, asking starts no I/O."""
     if length == 0:
         return True
     pages = cached_pages(fd, length, offset)
-    return pages is None or pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
+    return None if pages is None else pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
 
 
 class MountPageCache:
@@ -78,13 +78,13 @@ class MountPageCache:
         except OSError:
             return False
         try:
-            pages = cached_pages(fd, size)
+            held = in_memory(fd, 0, size)
         finally:
             os.close(fd)
-        if pages is None:
+        if held is None:
             self.available = False
             return False
-        return pages >= (size + PAGE - 1) // PAGE
+        return held
 
     def reveal(self, path: bytes) -> None:
         # On failure the pushes stay refused and the files are read through the daemon.

@@ -234,7 +234,7 @@ class LocalStore:
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
             fd = self._fd(name)
-            if not wait and not in_memory(fd, offset, len(buffer)):
+            if not wait and in_memory(fd, offset, len(buffer)) is False:
                 return None  # RWF_NOWAIT alone would start reading the missing pages first
             got = os.preadv(fd, [buffer], offset, 0 if wait else os.RWF_NOWAIT)
         except BlockingIOError:
