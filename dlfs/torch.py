@@ -25,10 +25,8 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from dlfs.control import CONTROL_NAME, parse_order
-from dlfs.errors import DlfsError
-
-CONTROL = os.fsdecode(CONTROL_NAME)
+from dlfs.core.errors import DlfsError
+from dlfs.core.protocol import is_dlfs_mount, order_path, parse_order
 
 
 class NotOnDlfsError(DlfsError):
@@ -39,7 +37,7 @@ def find_mount(path: str | os.PathLike[str]) -> Path:
     """The dlfs mount that serves ``path``: the nearest ancestor whose ``.dlfs/config`` resolves."""
     start = Path(path).resolve()
     for candidate in (start, *start.parents):
-        if (candidate / CONTROL / "config").is_file():
+        if is_dlfs_mount(candidate):
             return candidate
     raise NotOnDlfsError(
         f"{path} is not on a dlfs mount; mount the dataset with 'dlfs mount' and point the dataset there"
@@ -60,10 +58,6 @@ def _relative_sample_paths(dataset: Any, mount: Path) -> dict[str, int]:
         relative = inside + path[len(root) :] if path.startswith(root) else os.path.relpath(path, mount)
         out[relative] = k
     return out
-
-
-def order_name(epoch: int, num_replicas: int, rank: int) -> str:
-    return f"epoch-{epoch}" if num_replicas == 1 else f"epoch-{epoch}.rank-{rank}-of-{num_replicas}"
 
 
 def pil_loader(path: str) -> Any:
@@ -104,7 +98,7 @@ class ShuffleSampler(Sampler[int]):
         self.epoch = epoch
 
     def order_path(self) -> Path:
-        return self.mount / CONTROL / "order" / order_name(self.epoch, self.num_replicas, self.rank)
+        return order_path(self.mount, self.epoch, self.num_replicas, self.rank)
 
     def indices(self) -> list[int]:
         """This epoch's dataset indices, in order; paths the dataset does not hold are skipped."""

@@ -12,26 +12,12 @@ budget plus what was evicted since.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 from collections import OrderedDict
-from collections.abc import Callable
+
+from dlfs.core.libc import trim_allocator
 
 #: Free memory goes back to the system each time evictions add up to this share of the budget.
 TRIM_AFTER = 0.25
-
-
-def _allocator_trim() -> Callable[[], object] | None:
-    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl, macOS)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    return functools.partial(trim, 0)
-
-
-trim_allocator = _allocator_trim()
 
 
 class PayloadCache:

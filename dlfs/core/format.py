@@ -34,7 +34,7 @@ import lz4.block
 import numpy as np
 import xxhash
 
-from dlfs.errors import DatasetError, IntegrityError, ShardError
+from dlfs.core.errors import DatasetError, IntegrityError, ShardError
 
 INDEX_NAME = "index.dlfs"
 INDEX_MAGIC = b"DLFSIDX\x00"

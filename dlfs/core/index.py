@@ -2,7 +2,7 @@
 
 Nothing here allocates per-file Python objects at load time: the columns are views into the
 memory-mapped index file, and every query touches only the rows it needs. Rows are in breadth-first
-order (see ``dlfs.format``), so the children of a directory are the contiguous run of rows whose
+order (see ``dlfs.core.format``), so the children of a directory are the contiguous run of rows whose
 ``parent`` equals it, found by ``searchsorted`` on the non-decreasing ``parent`` column.
 """
 
@@ -14,11 +14,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from dlfs import format as fmt
-from dlfs.errors import DatasetError, ShardError
-from dlfs.store import Store
-
-BLOCK = 512
+from dlfs.core import format as fmt
+from dlfs.core.errors import DatasetError, ShardError
+from dlfs.core.libc import stat_blocks
+from dlfs.core.store import Store
 
 
 class Attrs(NamedTuple):
@@ -174,7 +173,7 @@ class Index:
             self.uid.item(row),
             self.gid.item(row),
             self.size.item(row),
-            (used + BLOCK - 1) // BLOCK,
+            stat_blocks(used),
             self.mtime.item(row),
         )
 
@@ -189,7 +188,7 @@ class Index:
         kind = self._kind[window]
         used = np.where(kind == stat.S_IFREG, self.stored[window], 0)
         used = np.where(kind == stat.S_IFDIR, self.size[window], used)
-        blocks = (used + (BLOCK - 1)) // BLOCK
+        blocks = stat_blocks(used)
         return (
             self.mode[window],
             self.link_counts(rows),

@@ -24,11 +24,10 @@ Modes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-MODES = ("full", "block")
 
 
 @dataclass(frozen=True)
@@ -46,18 +45,28 @@ class OrderSpec:
         if self.block < 1 or self.window < 1:
             raise ValueError("block and window sizes must be at least 1")
 
+    @property
+    def in_storage_order(self) -> bool:
+        """Whether the sequence's positions index the files in storage order (so that positions
+        near each other are storage neighbours) rather than any fixed list of them."""
+        return MODES[self.mode].in_storage_order
+
+    @property
+    def neighbour_window(self) -> int:
+        """Files this many positions apart may be storage neighbours the read-ahead should fetch
+        together; 0 where the mode promises no such thing."""
+        return self.window if MODES[self.mode].in_storage_order else 0
+
 
 def _rng(seed: int, epoch: int, salt: int = 0) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, salt])
 
 
-def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
-    """The whole epoch's sequence of positions 0..count-1 (before the split across ranks).
+def _full_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
+    return _rng(spec.seed, epoch).permutation(count)
 
-    Positions index the storage-ordered file list for ``block`` mode; for ``full`` any fixed list.
-    """
-    if spec.mode == "full":
-        return _rng(spec.seed, epoch).permutation(count)
+
+def _block_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
     starts = np.arange(0, count, spec.block)
     runs = _rng(spec.seed, epoch, 1).permutation(starts.size)
     lengths = np.minimum(spec.block, count - starts[runs])
@@ -67,6 +76,38 @@ def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
     return sequence[np.argsort(keys, kind="stable")]
 
 
+def _strided(padded: np.ndarray, world_size: int, rank: int, per_rank: int) -> np.ndarray:
+    return padded[rank::world_size]
+
+
+def _contiguous(padded: np.ndarray, world_size: int, rank: int, per_rank: int) -> np.ndarray:
+    return padded[rank * per_rank : (rank + 1) * per_rank]
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One order mode: how an epoch is shuffled and how it is split across ranks."""
+
+    permutation: Callable[[int, OrderSpec, int], np.ndarray]
+    split: Callable[[np.ndarray, int, int, int], np.ndarray]
+    in_storage_order: bool
+
+
+#: The order modes by name (``--order``), in the order the CLI lists them.
+MODES: dict[str, Mode] = {
+    "full": Mode(_full_permutation, _strided, in_storage_order=False),
+    "block": Mode(_block_permutation, _contiguous, in_storage_order=True),
+}
+
+
+def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
+    """The whole epoch's sequence of positions 0..count-1 (before the split across ranks).
+
+    Positions index the storage-ordered file list for ``block`` mode; for ``full`` any fixed list.
+    """
+    return MODES[spec.mode].permutation(count, spec, epoch)
+
+
 def rank_slice(sequence: np.ndarray, world_size: int, rank: int, mode: str) -> np.ndarray:
     """This rank's share of an epoch, padded by wrapping like DistributedSampler."""
     if world_size < 1 or not 0 <= rank < world_size:
@@ -74,9 +115,7 @@ def rank_slice(sequence: np.ndarray, world_size: int, rank: int, mode: str) -> n
     count = sequence.size
     per_rank = -(-count // world_size)
     padded = np.resize(sequence, per_rank * world_size) if count else sequence
-    if mode == "full":
-        return padded[rank::world_size]
-    return padded[rank * per_rank : (rank + 1) * per_rank]
+    return MODES[mode].split(padded, world_size, rank, per_rank)
 
 
 def epoch_order(count: int, spec: OrderSpec, epoch: int, world_size: int = 1, rank: int = 0) -> np.ndarray:

@@ -3,26 +3,22 @@
 Every byte handed out has been checked against the checksum recorded at pack time; a mismatch is an
 ``IntegrityError`` (EIO at the mount), logged once per file, never wrong bytes. Files up to
 ``WHOLE_PAYLOAD_LIMIT`` are read whole (one storage request, then cached); larger ones are checked
-once by streaming, then served by range. Storage reads run in threads, so a request waiting for the
-disk holds up no other, except a small file whose bytes are all in the page cache: that one is read
-in the event loop, where a thread hop would cost more than the read.
+once by streaming, then served by range. Every method blocks: ``dlfs.fuse.reads`` runs them in
+threads for the mount's event loop, except ``load_cached``, which never waits for storage.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import numpy as np
-import trio
 import xxhash
 
-from dlfs import format as fmt
-from dlfs.cache import PayloadCache
-from dlfs.errors import DlfsError, IntegrityError
-from dlfs.index import Index
-from dlfs.store import Store
+from dlfs.core import format as fmt
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import DlfsError, IntegrityError
+from dlfs.core.index import Index
+from dlfs.core.store import Descriptors, Store
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +26,20 @@ VERIFY_CHUNK = 8 << 20
 #: Files up to this size whose stored bytes are all in the page cache are read in the event loop
 #: itself, with a read that must not wait: the hop to a thread and back cost more than the read.
 INLINE_LIMIT = 1 << 20
-T = TypeVar("T")
 
 
 class Reader:
-    """Blocking methods (``load``, ``check``) for threads; ``read`` for the trio loop."""
+    """A dataset's files, checked, through the payload cache."""
 
-    def __init__(self, index: Index, store: Store, cache: PayloadCache, max_threads: int = 16) -> None:
+    def __init__(self, index: Index, store: Store, cache: PayloadCache) -> None:
         self.index = index
         self.store = store
         self.cache = cache
         self.storage_reads = 0
         self.storage_bytes = 0
-        self._limiter = trio.CapacityLimiter(max_threads)
-        self._inflight: dict[int, _Pending] = {}
         self._reported = np.zeros(index.count, dtype=bool)
-        self._verified = np.zeros(index.count, dtype=bool)
 
-    def _raw(self, row: int, offset: int, length: int) -> bytes:
+    def read_range(self, row: int, offset: int, length: int) -> bytes:
         """``length`` bytes of a file's stored payload, starting ``offset`` bytes into it."""
         self.storage_reads += 1
         self.storage_bytes += length
@@ -65,7 +57,19 @@ class Reader:
     def will_fetch(self, row: int, shard_offset: int, length: int) -> None:
         self.store.will_read(self.index.shard_of(row), shard_offset, length)
 
-    def _report(self, row: int, error: DlfsError) -> None:
+    def descriptor(self, shard: int, direct: bool = False) -> int | None:
+        """A descriptor to ``pread`` shard number ``shard`` from, for readers in C (the read-ahead's
+        push loop); see ``Store.descriptor``."""
+        if not isinstance(self.store, Descriptors):
+            return None
+        return self.store.descriptor(self.index.shard_names[shard], direct=direct)
+
+    def hold(self, row: int, data: bytes) -> None:
+        """Keep a whole file fetched elsewhere (the read-ahead) for the next ``read`` of it."""
+        self.cache.put(row, data)
+
+    def report(self, row: int, error: DlfsError) -> None:
+        """Log a file's failure once, however often it is asked for again."""
         if not self._reported[row]:
             self._reported[row] = True
             log.error("%s: %s", self.index.location(row), error)
@@ -75,7 +79,7 @@ class Reader:
 
     def load(self, row: int) -> bytes:
         """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
-        return self.decode(row, self._raw(row, 0, int(self.index.stored[row])))
+        return self.decode(row, self.read_range(row, 0, int(self.index.stored[row])))
 
     def load_cached(self, row: int) -> bytes | None:
         """``load`` for a small file whose stored bytes are all in the page cache, never waiting for
@@ -103,54 +107,9 @@ class Reader:
         size = int(self.index.size[row])
         hasher = xxhash.xxh3_64()
         for start in range(0, size, VERIFY_CHUNK):
-            chunk = self._raw(row, start, min(VERIFY_CHUNK, size - start))
+            chunk = self.read_range(row, start, min(VERIFY_CHUNK, size - start))
             if not chunk:
                 break
             hasher.update(chunk)
         if hasher.intdigest() != int(self.index.checksum[row]):
             raise IntegrityError("checksum mismatch")
-
-    async def _once(self, row: int, work: Callable[[int], T]) -> T:
-        """Run ``work(row)`` in a thread; concurrent callers for the same row share one run."""
-        pending = self._inflight.get(row)
-        if pending is None:
-            pending = self._inflight[row] = _Pending()
-            try:
-                pending.result = await trio.to_thread.run_sync(work, row, limiter=self._limiter)
-            except Exception as exc:
-                pending.error = exc
-            finally:
-                del self._inflight[row]
-                pending.done.set()
-        else:
-            await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.result
-
-    async def read(self, row: int, offset: int, size: int) -> bytes:
-        try:
-            if self.is_whole(row):
-                data = self.cache.get(row)
-                if data is None:
-                    data = self.load_cached(row)
-                    if data is None:
-                        data = await self._once(row, self.load)
-                    self.cache.put(row, data)
-                return data[offset : offset + size]
-            if not self._verified[row]:
-                await self._once(row, self.check)
-                self._verified[row] = True
-            return await trio.to_thread.run_sync(self._raw, row, offset, size, limiter=self._limiter)
-        except DlfsError as error:
-            self._report(row, error)
-            raise
-
-
-class _Pending:
-    """One in-flight fetch that later callers for the same row wait on instead of repeating."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: Any = None
-        self.error: Exception | None = None

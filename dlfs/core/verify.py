@@ -8,11 +8,11 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from dlfs.cache import PayloadCache
-from dlfs.errors import DlfsError
-from dlfs.index import Index
-from dlfs.reader import Reader
-from dlfs.store import open_store
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import DlfsError
+from dlfs.core.index import Index
+from dlfs.core.reader import Reader
+from dlfs.core.store import open_store
 
 #: Rows handed to the pool at a time, so a million-file dataset does not queue a million futures.
 BATCH = 1024

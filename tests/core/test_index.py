@@ -11,10 +11,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlfs import format as fmt
-from dlfs.index import Index
+from dlfs.core import format as fmt
+from dlfs.core.index import Index
+from dlfs.core.store import LocalStore
 from dlfs.pack import PackOptions, pack
-from dlfs.store import LocalStore
 
 names = st.binary(min_size=1, max_size=12).filter(
     lambda n: b"/" not in n and b"\0" not in n and n not in (b".", b"..")

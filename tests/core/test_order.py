@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlfs.order import OrderSpec, epoch_order, epoch_permutation
+from dlfs.core.order import OrderSpec, epoch_order, epoch_permutation
 
 specs = st.builds(
     OrderSpec,
@@ -96,3 +96,10 @@ def test_a_uniform_epoch_never_replays_the_random_placement(seed: int) -> None:
     for epoch in range(3):
         ranks = storage_rank[rows[epoch_order(count, OrderSpec(seed=seed), epoch)]]
         assert np.mean(np.diff(ranks) == 1) < 0.01, f"epoch {epoch} reads the shards in order"
+
+
+def test_the_cli_offers_every_registered_mode() -> None:
+    from dlfs.cli import ORDER_MODES
+    from dlfs.core.order import MODES
+
+    assert tuple(MODES) == ORDER_MODES

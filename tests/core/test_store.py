@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import drop_from_memory
 
-from dlfs.errors import DatasetError
-from dlfs.store import LocalStore
+from dlfs.core.errors import DatasetError
+from dlfs.core.store import LocalStore
 
 SIZE = 4 << 20
 MIB = 1 << 20

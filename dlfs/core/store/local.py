@@ -1,84 +1,22 @@
-"""Where a dataset's bytes live: the small interface every backend implements.
+"""A dataset in a directory of a local or network filesystem: shards and the index as plain files.
 
-``pack`` writes through it and ``mount``/``verify`` read through it, so an object-store backend only
-has to implement these methods. Everything here is blocking: callers on the trio loop go through
-``trio.to_thread``.
+Everything that is particular to files lives here: descriptors kept open, ``pread``/``preadv``,
+``RWF_NOWAIT`` behind a ``cachestat`` check, ``posix_fadvise`` hints, ``O_DIRECT`` descriptors for the
+read-ahead's C loop, and writes gathered into ``writev`` with early write-back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
-from dlfs.errors import DatasetError, StoreError
-from dlfs.pagecache import in_memory
-
-
-class ShardWriter(Protocol):
-    def write(self, data: bytes | memoryview) -> None:
-        """Append (pack writes in order)."""
-
-    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
-        """Write ``data`` back to back from ``offset``, from any thread (pack writes in place);
-        only where the store's ``writes_in_place`` is true."""
-
-    def written_through(self, end: int) -> None:
-        """Every byte below ``end`` has been written in place (a hint to start storing them)."""
-
-    def commit(self, size: int | None = None) -> None:
-        """Make the written bytes readable under the final name (durable, unless the store
-        was opened with ``durable=False``). ``size``: the object's length, where bytes written
-        in place leave its end unwritten (a skipped file's slot)."""
-
-    def abort(self) -> None:
-        """Forget the partial object."""
-
-
-class Store(Protocol):
-    """A flat namespace of immutable objects (shards and the index) with ranged reads."""
-
-    url: str
-    #: Shard writers take ``write_at``: pack lays every file out up front and its readers write in
-    #: parallel. Object stores, which take an object in order, will not.
-    writes_in_place: bool
-
-    def read(self, name: str, offset: int, length: int) -> bytes:
-        """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
-
-    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
-        """Fill ``buffer`` with the bytes at ``offset``; returns how many (fewer only at the end of
-        the object). ``wait=False``: None, at once, unless all of them are in memory already."""
-
-    def will_read(self, name: str, offset: int, length: int) -> None:
-        """A hint that this range is read soon. Storage serves all the hinted ranges at once, so a
-        reader that hints a batch first waits for its slowest read, not for the sum of them."""
-
-    def descriptor(self, name: str, direct: bool = False) -> int | None:
-        """A descriptor to ``pread`` the object from, where the backend has one, for the
-        read-ahead's C loop (``dlfs.push``); None: it reads through ``read_into`` instead.
-        ``direct``: one that bypasses the page cache (O_DIRECT), or None where it cannot."""
-
-    def size(self, name: str) -> int | None:
-        """The object's size, or None when it does not exist."""
-
-    def names(self) -> list[str]: ...
-
-    def map_index(self, name: str) -> memoryview:
-        """The whole object, memory-mapped where the backend can, for zero-copy numpy views."""
-
-    def put_atomic(self, name: str, data: bytes) -> None:
-        """Publish ``data`` under ``name`` so readers see the old object or the new, never a part."""
-
-    def create(self, name: str) -> ShardWriter: ...
-
-    def delete(self, name: str) -> None: ...
-
-    def close(self) -> None: ...
+from dlfs.core import libc
+from dlfs.core.errors import DatasetError, StoreError
+from dlfs.core.store.interface import ShardWriter
 
 
 @contextlib.contextmanager
@@ -97,9 +35,6 @@ WRITE_BUFFER = 4 << 20
 WRITE_GATHER = 512
 #: Written bytes handed to the disk at a time, so that the fsync at the end finds little left.
 WRITEBACK_STEP = 32 << 20
-_SYNC_FILE_RANGE_WRITE = 2
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
 class _LocalWriter:
@@ -166,9 +101,7 @@ class _LocalWriter:
         overlaps with reading the next files.
         """
         self._flush()
-        _libc.sync_file_range(
-            self._file.fileno(), self._started, self._written - self._started, _SYNC_FILE_RANGE_WRITE
-        )
+        libc.start_writeback(self._file.fileno(), self._started, self._written - self._started)
         self._started = self._written
 
     def commit(self, size: int | None = None) -> None:
@@ -234,7 +167,7 @@ class LocalStore:
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
             fd = self._fd(name)
-            if not wait and in_memory(fd, offset, len(buffer)) is False:
+            if not wait and libc.in_memory(fd, offset, len(buffer)) is False:
                 return None  # RWF_NOWAIT alone would start reading the missing pages first
             got = os.preadv(fd, [buffer], offset, 0 if wait else os.RWF_NOWAIT)
         except BlockingIOError:
@@ -318,12 +251,3 @@ class LocalStore:
                 os.close(fd)
             self._fds.clear()
             self._direct_fds.clear()
-
-
-def open_store(location: str | os.PathLike[str], random_access: bool = False) -> Store:
-    """The backend for a dataset location; today only local directories.
-
-    ``random_access``: reads will not follow storage order (a mount), so reading ahead of each
-    read in storage order only wastes bandwidth.
-    """
-    return LocalStore(location, random_access)

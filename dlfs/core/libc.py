@@ -1,0 +1,92 @@
+"""The C library calls dlfs makes that Python's ``os`` module lacks, bound once, and the kernel's
+numbers they and the C loops share.
+
+- ``cachestat`` (Linux >= 6.5): how many pages of a range are in the page cache, asked without
+  starting any I/O, which a read with ``RWF_NOWAIT`` does not promise (it starts reading the pages
+  it misses before it gives up).
+- ``sync_file_range``: start writing a range back without waiting for it (pack).
+- ``malloc_trim``: hand the allocator's free pages back to the system (the payload cache).
+
+The C loops (``dlfs/readahead/_push.c``, ``dlfs/fuse/_dirents.c``) define the same numbers for
+themselves (C cannot import them); tests/core/test_layers.py checks that both agree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+from collections.abc import Callable
+
+#: cachestat's number in the generic syscall table, the same on every architecture.
+SYS_CACHESTAT = 451
+#: The unit of ``st_blocks``, whatever the filesystem's block size.
+STAT_BLOCK = 512
+#: Direct (O_DIRECT) reads start and end on this boundary.
+DIRECT_ALIGN = 4096
+PAGE = os.sysconf("SC_PAGE_SIZE")
+_SYNC_FILE_RANGE_WRITE = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    ]
+
+
+def stat_blocks(size: int) -> int:
+    """``st_blocks`` of a file that takes ``size`` bytes."""
+    return (size + STAT_BLOCK - 1) // STAT_BLOCK
+
+
+def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
+    """Pages of ``length`` bytes of ``fd`` from ``offset`` in the page cache; None without cachestat."""
+    span, out = _Range(offset, length), _Stat()
+    if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(out), 0) != 0:
+        code = ctypes.get_errno()
+        if code in (errno.ENOSYS, errno.EPERM):  # an older kernel, or a seccomp filter
+            return None
+        raise OSError(code, os.strerror(code))
+    return int(out.nr_cache)
+
+
+def in_memory(fd: int, offset: int, length: int) -> bool | None:
+    """Is every page of the range in the page cache? None where the kernel cannot tell (no
+    cachestat). Unlike a read that must not wait, which starts reading what is missing before it
+    gives up, asking starts no I/O."""
+    if length == 0:
+        return True
+    pages = cached_pages(fd, length, offset)
+    return None if pages is None else pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing ``length`` bytes of ``fd`` from ``offset`` to the disk; returns at once."""
+    _libc.sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def _allocator_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library has none (musl)."""
+    try:
+        trim = _libc.malloc_trim
+    except AttributeError:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return functools.partial(trim, 0)
+
+
+#: Hand the allocator's free memory back to the system; None where the C library cannot.
+trim_allocator = _allocator_trim()

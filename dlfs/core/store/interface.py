@@ -1,0 +1,79 @@
+"""Where a dataset's bytes live: the small interface every backend implements.
+
+``pack`` writes through it and ``mount``/``verify`` read through it: a flat namespace of immutable
+objects (shards and the index) with ranged reads. A backend promises nothing about how it stores
+bytes; what a local directory can do beyond that (descriptors for the read-ahead's C loop) is the
+optional ``Descriptors`` interface. Everything here is blocking: callers on the trio loop go through
+``trio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+class ShardWriter(Protocol):
+    def write(self, data: bytes | memoryview) -> None:
+        """Append (pack writes in order)."""
+
+    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
+        """Write ``data`` back to back from ``offset``, from any thread (pack writes in place);
+        only where the store's ``writes_in_place`` is true."""
+
+    def written_through(self, end: int) -> None:
+        """Every byte below ``end`` has been written in place (a hint to start storing them)."""
+
+    def commit(self, size: int | None = None) -> None:
+        """Make the written bytes readable under the final name (durable, unless the store
+        was opened with ``durable=False``). ``size``: the object's length, where bytes written
+        in place leave its end unwritten (a skipped file's slot)."""
+
+    def abort(self) -> None:
+        """Forget the partial object."""
+
+
+class Store(Protocol):
+    """A flat namespace of immutable objects (shards and the index) with ranged reads."""
+
+    url: str
+    #: Shard writers take ``write_at``: pack lays every file out up front and its readers write in
+    #: parallel. Object stores, which take an object in order, will not.
+    writes_in_place: bool
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
+
+    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
+        """Fill ``buffer`` with the bytes at ``offset``; returns how many (fewer only at the end of
+        the object). ``wait=False``: None, at once, unless all of them are in memory already."""
+
+    def will_read(self, name: str, offset: int, length: int) -> None:
+        """A hint that this range is read soon. Storage serves all the hinted ranges at once, so a
+        reader that hints a batch first waits for its slowest read, not for the sum of them."""
+
+    def size(self, name: str) -> int | None:
+        """The object's size, or None when it does not exist."""
+
+    def names(self) -> list[str]: ...
+
+    def map_index(self, name: str) -> memoryview:
+        """The whole object, memory-mapped where the backend can, for zero-copy numpy views."""
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        """Publish ``data`` under ``name`` so readers see the old object or the new, never a part."""
+
+    def create(self, name: str) -> ShardWriter: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Descriptors(Protocol):
+    """A store whose objects are files: the read-ahead's C loop reads them itself, many per call and
+    without the GIL (``dlfs.readahead.native``). Stores without it are read through ``read_into``."""
+
+    def descriptor(self, name: str, direct: bool = False) -> int | None:
+        """A descriptor to ``pread`` the object from. ``direct``: one that bypasses the page cache
+        (O_DIRECT), or None where the filesystem cannot."""

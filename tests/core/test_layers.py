@@ -1,0 +1,104 @@
+"""The layer rules of the package, read from the sources: what each layer may import.
+
+``core`` knows no FUSE, no trio and no torch; ``readahead`` builds on ``core`` alone and reaches the
+kernel only through its ``Kernel`` protocol; only ``fuse`` talks to pyfuse3; a training script's
+``import dlfs.torch`` loads the control protocol and nothing of the daemon.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlfs.core import libc
+
+PACKAGE = Path(__file__).resolve().parents[2] / "dlfs"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of the file (function-level imports too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _layer_imports(layer: str) -> dict[str, set[str]]:
+    return {str(p.relative_to(PACKAGE)): _imports(p) for p in sorted((PACKAGE / layer).rglob("*.py"))}
+
+
+def _offending(imports: dict[str, set[str]], allowed: tuple[str, ...], banned: tuple[str, ...]) -> list[str]:
+    bad = []
+    for module, names in imports.items():
+        for name in names:
+            top = name.split(".")[0]
+            ours = name.startswith("dlfs.")
+            if (ours and not name.startswith(allowed)) or top in banned:
+                bad.append(f"{module} imports {name}")
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("layer", "allowed", "banned"),
+    [
+        ("core", ("dlfs.core",), ("trio", "pyfuse3", "torch", "torchvision")),
+        ("readahead", ("dlfs.core", "dlfs.readahead"), ("pyfuse3", "torch", "torchvision")),
+        ("pack", ("dlfs.core", "dlfs.pack"), ("trio", "pyfuse3", "torch")),
+    ],
+)
+def test_layer_imports_only_what_lies_below_it(
+    layer: str, allowed: tuple[str, ...], banned: tuple[str, ...]
+) -> None:
+    assert _offending(_layer_imports(layer), allowed, banned) == []
+
+
+def test_only_the_fuse_layer_imports_pyfuse3() -> None:
+    users = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if "pyfuse3" in {n.split(".")[0] for n in _imports(p)}
+    )
+    assert users and all(user.startswith("fuse/") for user in users), users
+
+
+def test_the_torch_module_needs_only_the_control_protocol() -> None:
+    ours = {name for name in _imports(PACKAGE / "torch.py") if name.startswith("dlfs")}
+    assert ours <= {"dlfs.core.protocol", "dlfs.core.errors"}, ours
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, dlfs.core.protocol, dlfs.core.errors; print(sorted(sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for heavy in ("ctypes", "numpy", "trio", "pyfuse3", "dlfs.core.store", "dlfs.core.libc"):
+        assert f"'{heavy}'" not in loaded, f"the protocol loads {heavy}"
+
+
+def _c_define(source: str, name: str) -> int:
+    match = re.search(rf"^#define {name} (\d+)$", (PACKAGE / source).read_text(), re.M)
+    assert match, f"{source} defines no {name}"
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "value"),
+    [
+        ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
+        ("readahead/_push.c", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
+        ("fuse/_dirents.c", "BLOCK", libc.STAT_BLOCK),
+    ],
+)
+def test_the_c_loops_use_the_numbers_of_core_libc(source: str, name: str, value: int) -> None:
+    assert _c_define(source, name) == value
