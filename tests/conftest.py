@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from dlfs.pagecache import cached_pages
+from dlfs.core.index import Index
+from dlfs.core.libc import cached_pages
+from dlfs.core.store import LocalStore
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -225,3 +227,23 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., object]]:
         return mounted(dataset, tmp_path / f"mnt{next(counter)}", *extra, log_file=log_file)
 
     yield factory
+
+
+def payload_place(dataset: Path, relpath: str) -> tuple[Path, int, int]:
+    """Where a file's stored bytes lie: (shard path, offset, length)."""
+    store = LocalStore(dataset)
+    index = Index.load(store)
+    row = index.resolve(relpath.encode())
+    assert row is not None
+    place = dataset / index.shard_names[int(index.shard[row])], int(index.offset[row]), int(index.stored[row])
+    store.close()
+    return place
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Corrupt one byte in place (for the checksum tests)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))

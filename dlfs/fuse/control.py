@@ -1,14 +1,8 @@
 """The hidden control tree at ``MNT/.dlfs``: published epoch orders, live stats, mount config.
 
 ``readdir`` of the mount root never lists ``.dlfs`` (so ImageFolder never takes it for a class),
-but ``lookup`` resolves it, like ZFS's ``.zfs``. The protocol (documented in the README):
-
-- ``.dlfs/order/epoch-E`` and ``.dlfs/order/epoch-E.rank-R-of-W``: the files rank R of W reads in
-  epoch E, one path relative to the mount root per line, in order. A backslash or newline inside a
-  name is written as ``\\\\`` or ``\\n``. Resolving one tells the daemon that this epoch and rank are
-  being read on this node, so the read-ahead starts following it.
-- ``.dlfs/stats``: JSON counters, fresh on every read.
-- ``.dlfs/config``: JSON: seed, order mode, dataset id, format version.
+but ``lookup`` resolves it, like ZFS's ``.zfs``. The names and the order files' format are the
+protocol of ``dlfs.core.protocol`` (documented in the README); this module serves them.
 
 Inode numbers start after the dataset's own, so they never collide with index rows.
 """
@@ -16,71 +10,33 @@ Inode numbers start after the dataset's own, so they never collide with index ro
 from __future__ import annotations
 
 import json
-import os
-import re
 import stat
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from dlfs import format as fmt
-from dlfs.index import Attrs, Index
-from dlfs.order import OrderSpec, epoch_order
+from dlfs.core import format as fmt
+from dlfs.core.index import Attrs, Index
+from dlfs.core.libc import stat_blocks
+from dlfs.core.order import OrderSpec, epoch_order
+from dlfs.core.protocol import (
+    CONFIG_NAME,
+    CONTROL_NAME,
+    ORDER_NAME,
+    STATS_NAME,
+    Reading,
+    escape,
+    parse_order_name,
+)
 
-CONTROL_NAME = b".dlfs"
 MOUNT_ROOT = fmt.ROOT_ROW + 1
-ORDER_NAME = b"order"
-STATS_NAME = b"stats"
-CONFIG_NAME = b"config"
-ORDER_FILE = re.compile(rb"epoch-(\d+)(?:\.rank-(\d+)-of-(\d+))?")
 #: Order files kept generated at once; each is up to a few tens of MB for ImageNet.
 ORDER_CACHE = 8
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One published sequence being read on this node: (epoch, world size, rank) and its rows.
-
-    ``window``: files this many positions apart may be storage neighbours that the read-ahead
-    should fetch together (``--order block`` shuffles whole runs within such a window); 0 when the
-    order makes no such promise.
-    """
-
-    epoch: int
-    world_size: int
-    rank: int
-    rows: np.ndarray
-    window: int = 0
-
-
-def escape(path: bytes) -> bytes:
-    if b"\\" in path or b"\n" in path:
-        return path.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
-    return path
-
-
-def unescape(line: str) -> str:
-    """Inverse of ``escape`` on one decoded line."""
-    if "\\" not in line:
-        return line
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), line)
-
-
-def parse_order(text: bytes) -> list[str]:
-    """An order file's paths, relative to the mount root; non-UTF-8 bytes come back as
-    ``os.fsdecode`` gives them, so the paths compare equal to what ``os.walk`` yields.
-
-    Decoded in one piece (a newline byte is never part of a multi-byte character) and unescaped
-    only when some path was escaped: line by line, 1.28 M paths took 0.8 s, now 0.2 s.
-    """
-    lines = os.fsdecode(text).split("\n")[:-1]
-    return [unescape(line) for line in lines] if b"\\" in text else lines
 
 
 class ControlTree:
@@ -135,14 +91,9 @@ class ControlTree:
             return dict(self.entries(self.root)).get(name)
         if parent != self.order_dir:
             return None
-        match = ORDER_FILE.fullmatch(name)
-        if not match:
+        key = parse_order_name(name)
+        if key is None:
             return None
-        epoch = int(match.group(1))
-        rank, world = (int(match.group(2)), int(match.group(3))) if match.group(2) else (0, 1)
-        if not 0 <= rank < world:
-            return None
-        key = (epoch, world, rank)
         if key not in self._order_keys:
             self._order_keys[key] = self._first_order + len(self._order_inodes)
             self._order_inodes.append(key)
@@ -163,7 +114,7 @@ class ControlTree:
 
     @staticmethod
     def _file_attrs(data: bytes, mtime_ns: int) -> Attrs:
-        return Attrs(FILE_MODE, 1, 0, 0, len(data), (len(data) + 511) // 512, mtime_ns)
+        return Attrs(FILE_MODE, 1, 0, 0, len(data), stat_blocks(len(data)), mtime_ns)
 
     def content(self, inode: int) -> bytes:
         if inode == self.stats_file:
@@ -196,7 +147,7 @@ class ControlTree:
     def files(self) -> np.ndarray:
         """The file list the order's positions index: storage order for ``block``, rows otherwise."""
         if self._files is None:
-            self._files = self.index.file_rows() if self.spec.mode == "block" else self.index.regular_rows()
+            self._files = self.index.file_rows() if self.spec.in_storage_order else self.index.regular_rows()
         return self._files
 
     def _order(self, inode: int, text: bool) -> tuple[Reading, bytes | None]:
@@ -220,7 +171,7 @@ class ControlTree:
         epoch, world, rank = self._order_inodes[inode - self._first_order]
         files = self.files()
         rows = files[epoch_order(files.size, self.spec, epoch, world, rank)]
-        return Reading(epoch, world, rank, rows, self.spec.window if self.spec.mode == "block" else 0)
+        return Reading(epoch, world, rank, rows, self.spec.neighbour_window)
 
     def _text(self, rows: np.ndarray) -> bytes:
         """One path per line; backslashes and newlines in names escaped (names holding them are

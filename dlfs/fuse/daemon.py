@@ -1,42 +1,41 @@
 """The mount daemon: assemble index, store, cache and reader behind the FUSE adapter and serve.
 
-The only module besides ``dlfs.fs`` that imports pyfuse3; run in the foreground by ``dlfs mount``'s
-child process or directly under systemd.
+Run in the foreground by ``dlfs mount``'s child process or directly under systemd.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pyfuse3
 import trio
 
-from dlfs.cache import PayloadCache
-from dlfs.control import ControlTree
-from dlfs.errors import MountError
-from dlfs.fs import DlfsOperations
-from dlfs.index import Index
-from dlfs.lister import FolderLister
-from dlfs.mount import MountOptions, check_mountpoint
-from dlfs.order import OrderSpec
-from dlfs.pagecache import MountPageCache
-from dlfs.prefetch import Prefetcher
-from dlfs.push import NativePusher
-from dlfs.reader import Reader
-from dlfs.store import open_store
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import MountError
+from dlfs.core.index import Index
+from dlfs.core.order import OrderSpec
+from dlfs.core.store import open_store
+from dlfs.fuse.control import ControlTree
+from dlfs.fuse.features import log_pyfuse3_features
+from dlfs.fuse.kernel import FuseKernel, MountListing
+from dlfs.fuse.known import KernelKnowledge
+from dlfs.fuse.lister import FolderLister
+from dlfs.fuse.mount import MountOptions, check_mountpoint
+from dlfs.fuse.operations import DlfsOperations
+from dlfs.fuse.pagecache import MountPageCache
+from dlfs.fuse.reads import TrioReader
+from dlfs.readahead.engine import Prefetcher
 
 log = logging.getLogger(__name__)
 
 #: Scheduling priority of the daemon (nice value); see _serve_first.
 DAEMON_NICE = -10
-#: Listings of a folder before the read-ahead gives up teaching the kernel its files (see _reveal).
-REVEAL_TRIES = 3
 
 
 async def _serve(prefetcher: Prefetcher | None) -> None:
@@ -46,31 +45,6 @@ async def _serve(prefetcher: Prefetcher | None) -> None:
             nursery.start_soon(prefetcher.run)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
-
-
-def _reveal(operations: DlfsOperations, pages: MountPageCache, row: int) -> None:
-    """List a folder through the mount so that the kernel learns every file in it (a push needs the
-    inode). With ``--readdirplus auto`` the kernel may hold the folder's listing from a scan that
-    gave files no attributes, and would answer from it: that listing is dropped first. A scan's
-    listing still on its way back can fill the kernel's cache again after the drop (the background
-    listing after a scan starts as the scan's last listing begins), so the listing is repeated until
-    one with attributes reached the daemon. Each try marks the folder again: a FORGET for its
-    entries (``drop_caches`` sends them in batches) returns it to plain listings."""
-    for _ in range(REVEAL_TRIES):
-        operations.want_attributes(row)
-        attribute_listings = operations.attribute_listings[row]
-        with contextlib.suppress(OSError):  # ENOENT: the kernel holds nothing of the folder
-            pyfuse3.invalidate_inode(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE))
-        pages.reveal(operations.index.path(row))
-        if operations.attribute_listings[row] > attribute_listings:
-            return
-    log.warning("the kernel kept answering listings of %s from its cache", operations.index.path(row))
-
-
-def _push(row: int, data: bytes | memoryview) -> None:
-    """Store a whole file in the kernel page cache (inode = row + 1)."""
-    if data:
-        pyfuse3.notify_store(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE), 0, data)
 
 
 async def _terminate_on_signal() -> None:
@@ -95,32 +69,26 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
     # cache, so the cache holds its budget on top of what demand reads get.
     cache = PayloadCache(options.cache_size + options.prefetch_budget)
-    reader = Reader(index, store, cache, max_threads=options.threads)
+    reader = TrioReader(index, store, cache, max_threads=options.threads)
+    # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach the
+    # kernel files and by the read-ahead's kernel, which steers those listings.
+    known = KernelKnowledge(index)
     pages = MountPageCache(str(mountpoint.resolve()))
-
-    def reveal(row: int) -> None:
-        """For the lister and the read-ahead; called only once the mount serves, so ``operations``
-        (bound below) exists by then."""
-        _reveal(operations, pages, row)
-
-    lister = FolderLister(index, reveal, after_scans=options.prefetch_budget > 0)
+    listing = MountListing(index, known, pages)
+    lister = FolderLister(index, listing.list_folder, after_scans=options.prefetch_budget > 0)
     prefetcher = None
     if options.prefetch_budget > 0:
+        kernel = FuseKernel(index, known, pages, lister)
         prefetcher = Prefetcher(
-            index,
-            reader,
-            _push,
-            budget=options.prefetch_budget,
-            max_inflight=options.prefetch_inflight,
-            in_kernel=lambda row: pages.holds(index.path(row), int(index.size[row])),
-            reveal=lister.reveal_once,
+            index, reader, kernel, budget=options.prefetch_budget, max_inflight=options.prefetch_inflight
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
+    requests: Counter[str] = Counter()
 
     def stats() -> dict[str, object]:
         return {
-            "requests": dict(operations.requests),
-            "cache": reader.cache.stats(),
+            "requests": dict(requests),
+            "cache": cache.stats(),
             "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
             "listed_folders": lister.listed,
@@ -128,7 +96,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 
-    operations = DlfsOperations(index, reader, ControlTree(index, spec, stats), prefetcher, lister)
+    control = ControlTree(index, spec, stats)
+    operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests)
     operations.readdirplus_auto = options.readdirplus == "auto"
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:
@@ -139,9 +108,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         pyfuse3.init(operations, str(mountpoint), fuse_options)
     except RuntimeError as exc:
         raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
-    if prefetcher is not None and "dev_fuse_fd" in getattr(pyfuse3, "dlfs_features", ()):
-        prefetcher.native = NativePusher.load(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)
     log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
+    log_pyfuse3_features(log)
     _serve_first()
     clean = False
     try:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlfs import format as fmt
-from dlfs.index import Index
+from dlfs.core import format as fmt
+from dlfs.core.index import Index
 
 log = logging.getLogger(__name__)
 

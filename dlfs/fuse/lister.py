@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dlfs.index import Index
+from dlfs.core.index import Index
 
 #: LOOKUPs of one folder's entries that make it worth listing: a program walking it by name, not a
 #: stat or two.

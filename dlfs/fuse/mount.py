@@ -1,6 +1,6 @@
 """Mount life cycle seen from the command line: check the mountpoint, start the daemon, unmount.
 
-``dlfs mount`` runs the daemon (``dlfs.daemon``) as a child process (``--foreground --ready-fd``)
+``dlfs mount`` runs the daemon (``dlfs.fuse.daemon``) as a child process (``--foreground --ready-fd``)
 and returns only once the child reports the kernel mount is live, or relays the child's one-line
 error. Spawning a fresh interpreter instead of forking keeps threads, trio and libfuse out of a
 forked process, and this module imports none of them, so the command itself starts fast.
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlfs.errors import MountError
+from dlfs.core.errors import MountError
 
 #: How long ``dlfs mount`` waits for its daemon by default. The daemon reads and checks the whole
 #: index before it mounts (115 MiB for ImageNet's 1.28 M files): well under a second from a local

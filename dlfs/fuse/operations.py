@@ -1,7 +1,8 @@
 """The pyfuse3 adapter: kernel requests in, calls on Index and Reader out.
 
 Thin on purpose. Domain errors become errno values here and nowhere else. Inode numbers are index
-rows + 1, so the kernel's lookup counting needs no table (``forget`` only tells the read-ahead), and entry
+rows + 1, so the kernel's lookup counting needs no table (``forget`` only updates what the daemon knows
+the kernel knows, ``dlfs.fuse.known``), and entry
 and attribute timeouts are long because a packed dataset never changes.
 
 File handles are inode numbers. With the pyfuse3 build from ``tools/build_pyfuse3.py``, ``open``,
@@ -33,14 +34,16 @@ from pyfuse3 import (
     StatvfsData,
 )
 
-from dlfs import dirents
-from dlfs import format as fmt
-from dlfs.control import CONTROL_NAME, ControlTree
-from dlfs.errors import DlfsError
-from dlfs.index import Attrs, Index
-from dlfs.lister import FolderLister
-from dlfs.prefetch import Prefetcher
-from dlfs.reader import Reader
+from dlfs.core import format as fmt
+from dlfs.core.errors import DlfsError
+from dlfs.core.index import Attrs, Index
+from dlfs.core.protocol import CONTROL_NAME
+from dlfs.fuse import dirents
+from dlfs.fuse.control import ControlTree
+from dlfs.fuse.known import KernelKnowledge
+from dlfs.fuse.lister import FolderLister
+from dlfs.fuse.reads import TrioReader
+from dlfs.readahead.engine import Prefetcher
 
 #: The data never changes while mounted, so the kernel may keep names and attributes for a day.
 CACHE_TIMEOUT = 24 * 3600.0
@@ -56,7 +59,7 @@ DOTS = (b".", b"..")
 READDIR_BATCH = 64
 #: True with the pyfuse3 build that passes the inode when the kernel skipped open.
 SKIP_OPEN = "inode_as_fh_without_open" in getattr(pyfuse3, "dlfs_features", ())
-#: True with the pyfuse3 build that takes directory records encoded by ``dlfs.dirents``.
+#: True with the pyfuse3 build that takes directory records encoded by ``dlfs.fuse.dirents``.
 RAW_READDIR = "readdir_reply_raw" in getattr(pyfuse3, "dlfs_features", ())
 
 
@@ -79,10 +82,12 @@ class DlfsOperations(pyfuse3.Operations):
     def __init__(
         self,
         index: Index,
-        reader: Reader,
+        reader: TrioReader,
         control: ControlTree,
         prefetcher: Prefetcher | None = None,
         lister: FolderLister | None = None,
+        known: KernelKnowledge | None = None,
+        requests: Counter[str] | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -90,10 +95,9 @@ class DlfsOperations(pyfuse3.Operations):
         self.control = control
         self.prefetcher = prefetcher
         self.lister = lister
-        self.requests: Counter[str] = Counter()
-        self._attributes_wanted: set[int] = set()
-        #: Listings that began with attributes for every entry, per folder (see ``daemon._reveal``).
-        self.attribute_listings: Counter[int] = Counter()
+        self.known = known if known is not None else KernelKnowledge(index)
+        #: Requests answered, by kind (and bytes read), for ``.dlfs/stats``.
+        self.requests: Counter[str] = requests if requests is not None else Counter()
         self._listings = dirents.Encoder(
             index, pyfuse3.ROOT_INODE, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK)
         )
@@ -194,7 +198,7 @@ class DlfsOperations(pyfuse3.Operations):
 
         ``start_id`` is the position where the previous reply stopped, so a listing split over
         several requests resumes exactly there. With the patched pyfuse3 a reply's entries are
-        encoded in one call (``dlfs.dirents``), for plain READDIR (``token.plus`` false) only names,
+        encoded in one call (``dlfs.fuse.dirents``), for plain READDIR (``token.plus`` false) only names,
         inodes and types; on stock pyfuse3 they go one call each, in small vectorised batches.
         """
         self.requests["readdir"] += 1
@@ -220,7 +224,7 @@ class DlfsOperations(pyfuse3.Operations):
             with_attributes = plus
         if start_id == 0 and rows:  # a listing begins (the kernel's cache did not answer it)
             if with_attributes:
-                self.attribute_listings[row] += 1
+                self.known.listing_began(row)
             elif self.lister is not None:
                 self.lister.scanned(row)  # the read-ahead will want these files' inodes
 
@@ -239,12 +243,6 @@ class DlfsOperations(pyfuse3.Operations):
                     return
                 self._listed(range(child, child + 1), plus)
 
-    def want_attributes(self, row: int) -> None:
-        """Listings of this directory give every entry its attributes, in any mode, until the kernel
-        forgets some of its entries: the read-ahead lists it so that the kernel learns the files it
-        is about to push."""
-        self._attributes_wanted.add(row)
-
     def _attributes_for(self, row: int, plus: bool) -> dirents.Attributes:
         """READDIRPLUS_AUTO asks for attributes with the first request of every listing, to learn
         whether the program stats the entries. Attributes for every entry would make the kernel
@@ -252,14 +250,14 @@ class DlfsOperations(pyfuse3.Operations):
         a scan's walk into each folder needs no LOOKUP."""
         if not plus:
             return dirents.Attributes.NONE
-        if self.readdirplus_auto and row not in self._attributes_wanted:
+        if self.readdirplus_auto and not self.known.wants_attributes(row):
             return dirents.Attributes.DIRS
         return dirents.Attributes.ALL
 
     def _readdir_encoded(
         self, rows: range, start: int, attrs: dirents.Attributes, token: ReaddirToken
     ) -> None:
-        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.dirents``)."""
+        """Children from ``start`` on, encoded a reply's worth at a time (``dlfs.fuse.dirents``)."""
         while start < rows.stop:
             next_id = start - rows.start + len(DOTS) + 1
             records, count = self._listings.encode(range(start, rows.stop), next_id, token.size, attrs)
@@ -270,8 +268,8 @@ class DlfsOperations(pyfuse3.Operations):
 
     def _listed(self, rows: range, plus: bool) -> None:
         """Entries with attributes make the kernel know the inodes, which a push needs."""
-        if plus and self.prefetcher is not None:
-            self.prefetcher.listed(rows)
+        if plus:
+            self.known.listed(rows)
 
     async def _control_readdir(self, inode: int, start_id: int, token: ReaddirToken) -> None:
         listing = [(b".", inode), (b"..", self.control.lookup(inode, b"..")), *self.control.entries(inode)]
@@ -317,22 +315,21 @@ class DlfsOperations(pyfuse3.Operations):
         return None
 
     async def forget(self, inode_list: Sequence[tuple[InodeT, int]]) -> None:
-        """Nothing to free (inodes are rows); the read-ahead and the lister learn which entries the
-        kernel lost. Their folders' listings go back to the mode's own: after the kernel forgot a
-        tree, a scan under ``--readdirplus auto`` is as fast as the first one, not one giving every
-        file attributes because the read-ahead once wanted them."""
+        """Nothing to free (inodes are rows); the record of what the kernel knows, the lister and
+        the read-ahead learn which entries the kernel lost. Their folders' listings go back to the
+        mode's own: after the kernel forgot a tree, a scan under ``--readdirplus auto`` is as fast
+        as the first one, not one giving every file attributes because the read-ahead once wanted
+        them."""
         if not inode_list:
             return
         self.requests["forget"] += len(inode_list)
         rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
         rows = rows[(rows >= 0) & (rows < self.index.count)]
+        folders = self.known.forgotten(rows)
+        if self.lister is not None and folders:
+            self.lister.forgotten(folders)
         if self.prefetcher is not None:
             self.prefetcher.forgotten(rows)
-        if rows.size and (self._attributes_wanted or self.lister is not None):
-            folders = np.unique(self.index.parent[rows]).tolist()
-            self._attributes_wanted.difference_update(folders)
-            if self.lister is not None:
-                self.lister.forgotten(folders)
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
         out = StatvfsData()

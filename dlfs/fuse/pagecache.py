@@ -10,52 +10,9 @@ opens are never sent), so the question costs a few system calls and no round tri
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 
-#: cachestat's number in the generic syscall table, the same on every architecture.
-SYS_CACHESTAT = 451
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class _Range(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Stat(ctypes.Structure):
-    _fields_ = [
-        ("nr_cache", ctypes.c_uint64),
-        ("nr_dirty", ctypes.c_uint64),
-        ("nr_writeback", ctypes.c_uint64),
-        ("nr_evicted", ctypes.c_uint64),
-        ("nr_recently_evicted", ctypes.c_uint64),
-    ]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
-    """Pages of ``length`` bytes of ``fd`` from ``offset`` in the page cache; None without cachestat."""
-    span, out = _Range(offset, length), _Stat()
-    if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(out), 0) != 0:
-        code = ctypes.get_errno()
-        if code in (errno.ENOSYS, errno.EPERM):  # an older kernel, or a seccomp filter
-            return None
-        raise OSError(code, os.strerror(code))
-    return int(out.nr_cache)
-
-
-def in_memory(fd: int, offset: int, length: int) -> bool | None:
-    """Is every page of the range in the page cache? None where the kernel cannot tell (no
-    cachestat). Unlike a read that must not wait, which starts reading what is missing before it
-    gives up, asking starts no I/O."""
-    if length == 0:
-        return True
-    pages = cached_pages(fd, length, offset)
-    return None if pages is None else pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
+from dlfs.core.libc import in_memory
 
 
 class MountPageCache:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlfs.core.libc import DIRECT_ALIGN
+
 log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("_push.so")
@@ -27,7 +29,7 @@ _u8 = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
 
 
 #: Direct reads start and end on this boundary (as ``ALIGN`` in ``_push.c``).
-ALIGN = 4096
+ALIGN = DIRECT_ALIGN
 
 
 class NativePusher:

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlfs.control import escape, parse_order, unescape
-from dlfs.index import Index
-from dlfs.order import OrderSpec, epoch_order
-from dlfs.store import LocalStore
+from dlfs.core.index import Index
+from dlfs.core.order import OrderSpec, epoch_order
+from dlfs.core.protocol import escape, parse_order, unescape
+from dlfs.core.store import LocalStore
 
 
 def _lines(path: Path) -> list[str]:

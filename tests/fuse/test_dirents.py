@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlfs import dirents
-from dlfs.dirents import Attributes
-from dlfs.index import Index
-from dlfs.store import open_store
+from dlfs.core.index import Index
+from dlfs.core.store import open_store
+from dlfs.fuse import dirents
+from dlfs.fuse.dirents import Attributes
 
 DIRENT = struct.Struct("=QQII")
 ENTRY_OUT = struct.Struct("=QQQQII" + "QQQQQQ" + "IIIIIIIIII")

@@ -7,34 +7,14 @@ import struct
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, dlfs
+from conftest import assert_one_line_error, dlfs, flip_byte, payload_place
 
-from dlfs import format as fmt
-from dlfs.index import Index
-from dlfs.store import LocalStore
-
-
-def _payload_place(dataset: Path, relpath: str) -> tuple[Path, int, int]:
-    store = LocalStore(dataset)
-    index = Index.load(store)
-    row = index.resolve(relpath.encode())
-    assert row is not None
-    place = dataset / index.shard_names[int(index.shard[row])], int(index.offset[row]), int(index.stored[row])
-    store.close()
-    return place
-
-
-def _flip_byte(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
+from dlfs.core import format as fmt
 
 
 def test_corrupt_file_reads_fail_with_eio_and_others_keep_working(packed: Path, mount) -> None:
-    shard, offset, length = _payload_place(packed, "random.bin")
-    _flip_byte(shard, offset + length // 2)
+    shard, offset, length = payload_place(packed, "random.bin")
+    flip_byte(shard, offset + length // 2)
     log_file = packed.parent / "corrupt.log"
     with mount(packed, log_file=log_file) as mnt:
         for _ in range(3):
@@ -50,8 +30,8 @@ def test_corrupt_file_reads_fail_with_eio_and_others_keep_working(packed: Path, 
 def test_verify_reports_each_bad_file_and_exits_non_zero(packed: Path) -> None:
     assert dlfs("verify", packed).returncode == 0
     for name in ("random.bin", "many/file-0007.dat"):
-        shard, offset, length = _payload_place(packed, name)
-        _flip_byte(shard, offset + length - 1)
+        shard, offset, length = payload_place(packed, name)
+        flip_byte(shard, offset + length - 1)
     result = dlfs("verify", packed, check=False)
     assert result.returncode == 1
     bad = [line for line in result.stdout.splitlines() if line.startswith("BAD")]
@@ -62,8 +42,8 @@ def test_verify_reports_each_bad_file_and_exits_non_zero(packed: Path) -> None:
 def test_corrupt_lz4_payload_is_eio_not_garbage(odd_tree: Path, tmp_path: Path, mount) -> None:
     dst = tmp_path / "lz4"
     dlfs("pack", odd_tree, dst, "--compress", "lz4")
-    shard, offset, _ = _payload_place(dst, "compressible.txt")
-    _flip_byte(shard, offset + 1)
+    shard, offset, _ = payload_place(dst, "compressible.txt")
+    flip_byte(shard, offset + 1)
     with mount(dst) as mnt, pytest.raises(OSError) as info:
         (Path(mnt) / "compressible.txt").read_bytes()
     assert info.value.errno == errno.EIO

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from conftest import wait_until
 
-from dlfs.index import Index
-from dlfs.lister import FolderLister
-from dlfs.store import open_store
+from dlfs.core.index import Index
+from dlfs.core.store import open_store
+from dlfs.fuse.lister import FolderLister
 
 
 def test_a_folder_is_listed_once_after_enough_misses_and_again_once_forgotten(packed: Path) -> None:

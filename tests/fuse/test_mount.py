@@ -24,8 +24,8 @@ from conftest import (
     write,
 )
 
-from dlfs import fs
-from dlfs import mount as dlfs_mount
+from dlfs.fuse import mount as dlfs_mount
+from dlfs.fuse import operations as fs
 
 
 def test_diff_finds_no_difference(packed: Path, odd_tree: Path, mount) -> None:
@@ -144,7 +144,7 @@ def test_hidden_names_and_missing_paths(packed: Path, mount) -> None:
 
 
 def test_large_file_over_the_whole_payload_limit_reads_back_by_range(tmp_path: Path, mount) -> None:
-    from dlfs.format import WHOLE_PAYLOAD_LIMIT
+    from dlfs.core.format import WHOLE_PAYLOAD_LIMIT
 
     src = tmp_path / "big-src"
     src.mkdir()

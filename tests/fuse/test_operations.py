@@ -12,23 +12,24 @@ import pytest
 import trio
 from conftest import dlfs, drop_from_memory, write
 
-from dlfs import cache as cache_module
-from dlfs import dirents, fs
-from dlfs import reader as reader_module
-from dlfs.cache import PayloadCache
-from dlfs.control import ControlTree
-from dlfs.fs import DlfsOperations
-from dlfs.index import Index
-from dlfs.order import OrderSpec
-from dlfs.reader import Reader
-from dlfs.store import LocalStore
+from dlfs.core import cache as cache_module
+from dlfs.core import reader as reader_module
+from dlfs.core.cache import PayloadCache
+from dlfs.core.index import Index
+from dlfs.core.order import OrderSpec
+from dlfs.core.store import LocalStore
+from dlfs.fuse import dirents
+from dlfs.fuse import operations as fs
+from dlfs.fuse.control import ControlTree
+from dlfs.fuse.operations import DlfsOperations
+from dlfs.fuse.reads import TrioReader
 
 
 def _operations(dataset: Path) -> DlfsOperations:
     store = LocalStore(dataset)
     index = Index.load(store)
     return DlfsOperations(
-        index, Reader(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
+        index, TrioReader(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
     )
 
 
@@ -232,7 +233,7 @@ def test_a_listing_carries_the_attributes_each_mode_wants(
     cls = ops.index.resolve(b"cls")
     assert cls is not None
     if wanted:
-        ops.want_attributes(cls)
+        ops.known.want_attributes(cls)
     listed = _list(ops, cls + 1, _Token(1 << 20, plus), monkeypatch)
     assert set(listed) == files | folders
     for name, nodeid in listed.items():

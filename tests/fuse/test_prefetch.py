@@ -1,6 +1,6 @@
-"""The read-ahead engine, over a real mount (and once without one): it follows the published order,
-pushes into the page cache, stays inside its budget, and changes nothing about the bytes a reader
-gets."""
+"""The read-ahead engine over a real mount: it follows the published order, pushes into the page
+cache, stays inside its budget, and changes nothing about the bytes a reader gets (tests/readahead
+drives it without a mount)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
-import trio
 from conftest import dlfs, drop_from_memory, wait_until
 
-from dlfs.cache import PayloadCache
-from dlfs.control import Reading, parse_order
-from dlfs.index import Index
-from dlfs.pagecache import MountPageCache, cached_pages
-from dlfs.prefetch import SENTINEL_SPACINGS, Prefetcher, sentinel_spacing
-from dlfs.reader import Reader
-from dlfs.store import LocalStore
+from dlfs.core.libc import cached_pages
+from dlfs.core.protocol import parse_order
+from dlfs.fuse.pagecache import MountPageCache
 
 
 def _stats(mnt: Path) -> dict:
@@ -322,113 +316,6 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         rest, before, _ = _read_checked(mnt, paths[1:], len(paths))
     assert data + rest == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert before["prefetch"]["restarts"] == restarts + 1
-
-
-@pytest.mark.parametrize("every", SENTINEL_SPACINGS)
-@pytest.mark.parametrize("batch", [1, 32, 64])
-@pytest.mark.parametrize("readers", [2, 4, 8, 12, 16, 32])
-def test_every_reader_of_a_sequence_meets_sentinels(readers: int, batch: int, every: int) -> None:
-    """DataLoader workers take every N-th item (or batch of B): each must meet sentinels, or the
-    cursor follows one worker only (at one file in 64, 8 workers taking single files left all
-    sentinels to worker 0)."""
-    sentinels = np.arange(0, 64 * every * readers * batch, every)
-    assert set((sentinels // batch % readers).tolist()) == set(range(readers))
-
-
-def test_sentinels_are_as_sparse_as_the_budget_allows() -> None:
-    """Eight spacings fit in the budget; the default budget and ImageNet-sized files give 509."""
-    assert sentinel_spacing(512 << 20, 110_000) == 509
-    assert sentinel_spacing(64 << 20, 20_000) == 251
-    assert sentinel_spacing(1 << 20, 110_000) == SENTINEL_SPACINGS[0]  # a budget of a few files
-    assert sentinel_spacing(512 << 20, 0.0) == SENTINEL_SPACINGS[-1]  # empty files
-    for budget in (1 << 20, 64 << 20, 512 << 20, 4 << 30):
-        every = sentinel_spacing(budget, 110_000)
-        assert every == SENTINEL_SPACINGS[0] or 8 * every * 110_000 <= budget
-
-
-def _engine(
-    dataset: Path, push: Callable[[int, bytes | memoryview], object]
-) -> tuple[Index, Reader, Prefetcher]:
-    """The read-ahead engine over a dataset, without a mount: ``push`` stands in for the kernel."""
-    store = LocalStore(dataset, random_access=True)
-    index = Index.load(store)
-    reader = Reader(index, store, PayloadCache(16 << 20))
-    return index, reader, Prefetcher(index, reader, push, budget=64 << 20)
-
-
-def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
-    """A READ that catches up with the read-ahead gets the file from the batch loading it: not
-    loaded twice, and not pushed (the kernel locks a file's pages until its READ is answered, so a
-    READ waiting for a push of the same file would never be answered)."""
-    src = _make_classes(tmp_path / "src", classes=2, per_class=12, size=20_000)
-    dlfs("pack", src, tmp_path / "ds", "--shard-size", "64K")  # a few files per shard: many storage reads
-    gate, pushed = threading.Event(), []
-
-    def push(row: int, data: bytes | memoryview) -> None:
-        assert gate.wait(10), "the push was never let through"
-        pushed.append(row)
-
-    index, reader, prefetcher = _engine(tmp_path / "ds", push)
-    rows = index.file_rows()
-    target = int(rows[-1])  # needed last: its storage read comes after the blocked first push
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(prefetcher.run)
-            prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
-            await trio.sleep(0.2)  # the batch is in flight, held at its first push
-            with trio.fail_after(10):
-                async with trio.open_nursery() as reads:
-                    reads.start_soon(prefetcher.arrival, target)
-                    await trio.sleep(0.2)
-                    gate.set()
-            nursery.cancel_scope.cancel()
-
-    try:
-        trio.run(main)
-    finally:
-        gate.set()
-    assert reader.cache.get(target) == (src / index.path(target).decode()).read_bytes()
-    assert prefetcher.stats.handed_over == 1
-    assert target not in pushed and len(pushed) > 0
-    assert reader.storage_reads == prefetcher.stats.storage_reads, "nothing was read twice"
-
-
-def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_disk: Path) -> None:
-    """Shards not in memory: the first storage read of a batch finds that out without waiting, the
-    rest of the batch is announced to the storage at once, and every file still arrives intact.
-
-    Run again, up to five times, when every batch was found in memory: a refused RWF_NOWAIT read
-    starts the kernel's read, which on this VM's disk sometimes lands before the check (see
-    test_store). A read-ahead that never probes without waiting finds no batch cold in any run."""
-    src = _make_classes(on_disk / "src", classes=2, per_class=40, size=20_000)
-    dlfs("pack", src, on_disk / "ds", "--shard-size", "256K")
-    for _ in range(5):
-        for shard in (on_disk / "ds").glob("*.shard"):
-            drop_from_memory(shard)
-        pushed: dict[int, bytes] = {}
-        index, reader, prefetcher = _engine(
-            on_disk / "ds", lambda row, data, into=pushed: into.setdefault(row, bytes(data))
-        )
-        rows = index.file_rows()
-        trio.run(_fetch_everything, prefetcher, rows)
-        for row in rows.tolist():
-            data = pushed.get(row) or reader.cache.get(row)
-            assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)
-        if prefetcher.stats.cold_batches >= 1:
-            break
-    assert prefetcher.stats.cold_batches >= 1
-
-
-async def _fetch_everything(prefetcher: Prefetcher, rows: np.ndarray) -> None:
-    """Run the read-ahead over ``rows`` until it has fetched them all and has nothing in flight."""
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(prefetcher.run)
-        prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
-        with trio.fail_after(20):
-            while prefetcher.stats.issued_files < rows.size or prefetcher.snapshot()["inflight"]:
-                await trio.sleep(0.05)
-        nursery.cancel_scope.cancel()
 
 
 def test_an_epoch_from_cold_storage_is_read_past_the_shards_page_cache(on_disk: Path, mount) -> None:

@@ -18,8 +18,8 @@ import pytest
 import xxhash
 from conftest import drop_from_memory
 
-from dlfs.pagecache import cached_pages
-from dlfs.push import LIBRARY, NativePusher
+from dlfs.core.libc import cached_pages
+from dlfs.readahead.native import LIBRARY, NativePusher
 
 NOTIFY_STORE = 4
 HEADER = struct.Struct("<IiQ")  # struct fuse_out_header: len, error (the notify code), unique

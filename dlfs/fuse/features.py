@@ -1,0 +1,66 @@
+"""Which additions of dlfs's pyfuse3 build this process runs on, said once in the mount's log.
+
+dlfs runs on a stock pyfuse3 too, but each missing addition silently moves one path onto a slower
+route (``tools/build_pyfuse3.py`` says what each one patches). A mount that is slow for that reason
+should say so at start, in one place, instead of leaving it to be found in a profile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+#: Each addition of the build, and what a mount does without it. The figures are those that decided
+#: the addition (docs/design.md).
+CONSEQUENCES: dict[str, str] = {
+    "inode_as_fh_without_open": (
+        "open/opendir are answered with a handle, so the kernel sends OPEN, FLUSH and RELEASE for "
+        "every file and OPENDIR/RELEASEDIR for every folder, and keeps no directory listing cached "
+        "(a second scan reaches the daemon again)"
+    ),
+    "readdir_plus_auto": (
+        "every listing is READDIRPLUS, whatever --readdirplus says: a scan or find makes the kernel "
+        "build an inode per file (cold ImageFolder scan of 1.28 M files ~2.7x native instead of level)"
+    ),
+    "readdir_reply_raw": (
+        "directory replies are built one readdir_reply call and one EntryAttributes per entry "
+        "(5-15 us per entry in Python instead of 0.03-0.08 us from the C encoder)"
+    ),
+    "dev_fuse_fd": (
+        "the read-ahead reads, checks and pushes every file in Python instead of its C loop "
+        "(warm epoch, 8 readers: ~13k instead of ~19k files/s, daemon CPU ~1.5x)"
+    ),
+}
+
+
+def installed_features() -> frozenset[str]:
+    """``pyfuse3.dlfs_features`` of the imported pyfuse3: empty on a stock build."""
+    import pyfuse3
+
+    return frozenset(getattr(pyfuse3, "dlfs_features", ()))
+
+
+def describe(features: Iterable[str]) -> list[str]:
+    """The log lines for ``features``: one summary line, then one line per missing addition."""
+    found = frozenset(features)
+    missing = [name for name in CONSEQUENCES if name not in found]
+    present = sorted(found & CONSEQUENCES.keys())
+    if not missing:
+        return [f"pyfuse3 has every dlfs addition: {', '.join(present)}"]
+    lines = [
+        f"pyfuse3 lacks {len(missing)} of {len(CONSEQUENCES)} dlfs additions "
+        f"(found: {', '.join(present) or 'none'}); run tools/build_pyfuse3.py (make install) for them"
+    ]
+    lines += [f"without {name}: {CONSEQUENCES[name]}" for name in missing]
+    return lines
+
+
+def log_pyfuse3_features(log: logging.Logger, features: Iterable[str] | None = None) -> None:
+    """Log, once at mount, what ``features`` (default: the imported pyfuse3's) hold: INFO when all
+    are there, a WARNING per missing one naming the path it slows, since that mount works, slower."""
+    lines = describe(installed_features() if features is None else features)
+    if len(lines) == 1 and lines[0].startswith("pyfuse3 has every"):
+        log.info(lines[0])
+        return
+    for line in lines:
+        log.warning(line)

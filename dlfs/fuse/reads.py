@@ -1,0 +1,78 @@
+"""The mount's READs of file bytes: ``Reader``'s blocking work in threads, off the event loop.
+
+A READ waiting for the disk must hold up no other request, so storage reads run in threads (at most
+``--threads`` at once); concurrent READs of one file share one fetch. A small file whose bytes are
+all in the page cache is the exception: it is read in the event loop, where the hop to a thread and
+back cost more than the read itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import trio
+
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import DlfsError
+from dlfs.core.index import Index
+from dlfs.core.reader import Reader
+from dlfs.core.store import Store
+
+T = TypeVar("T")
+
+
+class TrioReader(Reader):
+    """``Reader`` with ``read``, the event loop's way in."""
+
+    def __init__(self, index: Index, store: Store, cache: PayloadCache, max_threads: int = 16) -> None:
+        super().__init__(index, store, cache)
+        self._limiter = trio.CapacityLimiter(max_threads)
+        self._inflight: dict[int, _Pending] = {}
+        self._verified = np.zeros(index.count, dtype=bool)
+
+    async def _once(self, row: int, work: Callable[[int], T]) -> T:
+        """Run ``work(row)`` in a thread; concurrent callers for the same row share one run."""
+        pending = self._inflight.get(row)
+        if pending is None:
+            pending = self._inflight[row] = _Pending()
+            try:
+                pending.result = await trio.to_thread.run_sync(work, row, limiter=self._limiter)
+            except Exception as exc:
+                pending.error = exc
+            finally:
+                del self._inflight[row]
+                pending.done.set()
+        else:
+            await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    async def read(self, row: int, offset: int, size: int) -> bytes:
+        try:
+            if self.is_whole(row):
+                data = self.cache.get(row)
+                if data is None:
+                    data = self.load_cached(row)
+                    if data is None:
+                        data = await self._once(row, self.load)
+                    self.cache.put(row, data)
+                return data[offset : offset + size]
+            if not self._verified[row]:
+                await self._once(row, self.check)
+                self._verified[row] = True
+            return await trio.to_thread.run_sync(self.read_range, row, offset, size, limiter=self._limiter)
+        except DlfsError as error:
+            self.report(row, error)
+            raise
+
+
+class _Pending:
+    """One in-flight fetch that later callers for the same row wait on instead of repeating."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Any = None
+        self.error: Exception | None = None
