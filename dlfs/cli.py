@@ -1,4 +1,9 @@
-"""The ``dlfs`` command line. User errors print one line and exit non-zero; bugs keep their traceback."""
+"""The ``dlfs`` command line. User errors print one line and exit non-zero; bugs keep their traceback.
+
+One module over 400 lines on purpose: each subcommand is a short function beside its argparse
+definition, and every layer it calls is imported inside that function, so ``dlfs --help`` or
+``dlfs umount`` loads neither pyfuse3 nor trio.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlfs import __version__
-from dlfs.errors import DlfsError
-from dlfs.mount import READY_TIMEOUT, MountOptions
+from dlfs.core.errors import DlfsError
+from dlfs.fuse.mount import READY_TIMEOUT, MountOptions
 
 #: ``dlfs mount``'s flag defaults: the options' own, so the two never disagree.
 MOUNT_DEFAULTS = MountOptions()
 #: What ``dlfs --help`` says first (the module docstring is for the next engineer, not the user).
+#: ``dlfs.core.order.MODES`` by name, spelt out so that the parser loads no numpy (tests check both agree).
+ORDER_MODES = ("full", "block")
 DESCRIPTION = (
     "A read-only FUSE filesystem for training data: pack a tree of small files into a few shards "
     "and an index, mount it as the original tree, and read each epoch in its published shuffle "
@@ -28,7 +35,7 @@ DESCRIPTION = (
 )
 
 if TYPE_CHECKING:  # the CLI imports numpy-backed modules only for the commands that need them
-    from dlfs.index import Index
+    from dlfs.core.index import Index
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -85,7 +92,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
-    from dlfs.mount import spawn
+    from dlfs.fuse.mount import spawn
 
     options = MountOptions(
         cache_size=args.cache_size,
@@ -117,7 +124,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         if args.systemd:
             _notify_systemd()
 
-    from dlfs.daemon import serve
+    from dlfs.fuse.daemon import serve
 
     try:
         serve(args.dataset, args.mountpoint, options, ready)
@@ -143,14 +150,14 @@ def _notify_systemd() -> None:
 
 
 def _cmd_umount(args: argparse.Namespace) -> int:
-    from dlfs.mount import unmount
+    from dlfs.fuse.mount import unmount
 
     unmount(args.mountpoint, lazy=args.lazy)
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from dlfs.verify import verify
+    from dlfs.core.verify import verify
 
     report = verify(args.dataset, jobs=args.jobs, progress=not args.quiet and not args.json)
     if args.json:
@@ -176,8 +183,8 @@ def _ls_line(index: Index, row: int, shown: bytes, long: bool) -> str:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from dlfs.index import Index
-    from dlfs.store import open_store
+    from dlfs.core.index import Index
+    from dlfs.core.store import open_store
 
     store = open_store(args.dataset)
     index = Index.load(store)
@@ -217,7 +224,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     built: dict[str, dict] = {}
     with ExitStack() as stack:
         if args.peers:
-            from dlfs.peers import peer_roots
+            from dlfs.bench.peers import peer_roots
 
             peers, built = stack.enter_context(peer_roots(Path(roots[0].path), Path(args.work), args.rebuild))
             roots.extend(peers)
@@ -303,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the published epoch orders {D}")
     p.add_argument(
         "--order",
-        choices=("full", "block"),
+        choices=ORDER_MODES,
         default=d.order,
         help=f"published order: uniform shuffle, or block-wise for slow media {D}",
     )

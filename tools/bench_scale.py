@@ -36,8 +36,8 @@ from benchlib import (
 )
 
 from dlfs import bench
-from dlfs.control import parse_order
-from dlfs.mount import MountOptions
+from dlfs.core.protocol import parse_order
+from dlfs.fuse.mount import MountOptions
 
 #: Steps of reading an epoch's order file, as a sampler does at the start of each epoch.
 ORDER_STEPS = ("order_lookup", "order_read", "order_parse")

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlfs import bench
-from dlfs.errors import MountError
-from dlfs.mount import unmount
+from dlfs.core.errors import MountError
+from dlfs.fuse.mount import unmount
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 

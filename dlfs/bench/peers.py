@@ -20,8 +20,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlfs.bench import BenchError, Root
-from dlfs.mount import mounted_fstype
+from dlfs.bench.errors import BenchError
+from dlfs.bench.roots import Root
+from dlfs.fuse.mount import mounted_fstype
 
 log = logging.getLogger(__name__)
 

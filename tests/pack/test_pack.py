@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import DLFS, assert_one_line_error, dlfs, wait_until
 
-from dlfs import format as fmt
-from dlfs import pack as pack_module
-from dlfs import store
-from dlfs.index import Index
-from dlfs.pack import PackOptions, pack
-from dlfs.store import LocalStore
+from dlfs.core import format as fmt
+from dlfs.core import libc
+from dlfs.core.index import Index
+from dlfs.core.store import LocalStore, local
+from dlfs.pack import PackOptions, pack, packer, pipeline
 
 
 def test_missing_or_non_directory_source_is_refused(tmp_path: Path) -> None:
@@ -97,10 +96,10 @@ def test_unreadable_file_fails_by_default_and_is_skipped_on_request(
     packed: Path, tmp_path: Path, mount
 ) -> None:
     """A real EIO source: a dlfs mount with one corrupted file."""
-    from test_integrity import _flip_byte, _payload_place
+    from conftest import flip_byte, payload_place
 
-    shard, offset, _ = _payload_place(packed, "plain.txt")
-    _flip_byte(shard, offset)
+    shard, offset, _ = payload_place(packed, "plain.txt")
+    flip_byte(shard, offset)
     with mount(packed) as mnt:
         result = dlfs("pack", mnt, tmp_path / "out", check=False)
         assert_one_line_error(result, "cannot read", "plain.txt", "--skip-errors")
@@ -151,13 +150,13 @@ def test_no_sync_writes_the_same_dataset_without_waiting_for_the_disk(
     waits: list[str] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (waits.append("fsync"), real_fsync(fd))[1])
-    real_range = store._libc.sync_file_range
+    real_range = libc._libc.sync_file_range
     monkeypatch.setattr(
-        store._libc, "sync_file_range", lambda *a: (waits.append("sync_file_range"), real_range(*a))[1]
+        libc._libc, "sync_file_range", lambda *a: (waits.append("sync_file_range"), real_range(*a))[1]
     )
     # Flushes and writeback starts even for a small tree.
-    monkeypatch.setattr(store, "WRITE_BUFFER", 1 << 10)
-    monkeypatch.setattr(store, "WRITEBACK_STEP", 1 << 10)
+    monkeypatch.setattr(local, "WRITE_BUFFER", 1 << 10)
+    monkeypatch.setattr(local, "WRITEBACK_STEP", 1 << 10)
     pack(odd_tree, tmp_path / "ds", PackOptions(sync=sync, progress=False))
     if sync:
         assert {"fsync", "sync_file_range"} <= set(waits)
@@ -181,8 +180,8 @@ def test_files_that_change_after_the_walk_are_stored_as_read(
     (src / "d-large-shrinks.bin").write_bytes(os.urandom(3 << 20))
     (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
     monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 1 << 20)  # c and d are streamed, in chunks
-    monkeypatch.setattr(pack_module, "STREAM_CHUNK", 1 << 20)
-    walk = pack_module._walk
+    monkeypatch.setattr(pipeline, "STREAM_CHUNK", 1 << 20)
+    walk = packer.walk
 
     def walk_then_change(*args: object) -> object:
         tree = walk(*args)
@@ -194,7 +193,7 @@ def test_files_that_change_after_the_walk_are_stored_as_read(
         (src / "z-vanishes.bin").unlink()
         return tree
 
-    monkeypatch.setattr(pack_module, "_walk", walk_then_change)
+    monkeypatch.setattr(packer, "walk", walk_then_change)
     options = PackOptions(progress=False, compress=compress, skip_errors=True, shard_size=1 << 30)
     summary = pack(src, tmp_path / "ds", options)
     assert summary.skipped_errors == 1 and summary.skipped_paths[0].endswith("z-vanishes.bin")
@@ -213,14 +212,14 @@ def test_a_vanished_last_file_leaves_its_shard_the_length_the_index_says(
     src.mkdir()
     (src / "a.bin").write_bytes(b"a" * 1000)
     (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
-    walk = pack_module._walk
+    walk = packer.walk
 
     def walk_then_delete(*args: object) -> object:
         tree = walk(*args)
         (src / "z-vanishes.bin").unlink()
         return tree
 
-    monkeypatch.setattr(pack_module, "_walk", walk_then_delete)
+    monkeypatch.setattr(packer, "walk", walk_then_delete)
     pack(src, tmp_path / "ds", PackOptions(progress=False, skip_errors=True))
     assert dlfs("verify", tmp_path / "ds").returncode == 0
 

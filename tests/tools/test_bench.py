@@ -18,6 +18,7 @@ import pytest
 from conftest import TOOLS, assert_one_line_error, dlfs, is_mounted, tool, write
 
 from dlfs import bench
+from dlfs.bench import runner
 
 CLASSES, PER_CLASS = 5, 30
 ALL_JOBS = ",".join(bench.JOBS)
@@ -268,14 +269,14 @@ def test_arming_the_read_ahead_counts_in_the_run(
     head start (it was up to 2 s of fetching) that no other root gets."""
     dataset = tmp_path / "dataset"
     dlfs("pack", tree, dataset)
-    order_file = bench._order_file
+    order_file = runner.order_file
     pause = 0.5
 
     def slow_order_file(root: bench.Root, epoch: int) -> Path:
         time.sleep(pause)
         return order_file(root, epoch)
 
-    monkeypatch.setattr(bench, "_order_file", slow_order_file)
+    monkeypatch.setattr(runner, "order_file", slow_order_file)
     with mount(dataset) as mnt:  # type: ignore[operator]
         root = bench.Root.parse(str(mnt))
         items = bench.published_order([root], epoch=0)
@@ -285,7 +286,7 @@ def test_arming_the_read_ahead_counts_in_the_run(
         def broken_order_file(root: bench.Root, epoch: int) -> Path:
             raise OSError("the order file went away")
 
-        monkeypatch.setattr(bench, "_order_file", broken_order_file)
+        monkeypatch.setattr(runner, "order_file", broken_order_file)
         began = time.monotonic()
         with pytest.raises(OSError, match="went away"):
             bench.run_once(root, "orderread", items, bench.Options(readers=2, processes=processes))

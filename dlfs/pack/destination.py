@@ -1,0 +1,71 @@
+"""Destination safety: what ``dlfs pack`` may write into, one pack at a time, nothing left over.
+
+A destination is an empty directory or a dlfs dataset (replaced only with ``--force``), never the
+source or a folder inside it. A lock keeps a second pack out while one writes. Shards and
+temporary index files of an interrupted pack are removed; the live dataset's shards stay until
+the new index is published.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dlfs.core import format as fmt
+from dlfs.core.errors import DatasetError, PackError
+from dlfs.core.index import Index
+from dlfs.core.store import LocalStore, Store
+from dlfs.pack.options import PackOptions
+
+log = logging.getLogger(__name__)
+
+
+def check_destination(src: Path, dst: Path, store: LocalStore, options: PackOptions) -> str | None:
+    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations."""
+    if dst.exists() and not dst.is_dir():
+        raise PackError(f"destination {dst} exists and is not a directory")
+    real_src, real_dst = src.resolve(), dst.resolve()
+    if real_dst == real_src or real_src in real_dst.parents:
+        raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
+    dst.mkdir(parents=True, exist_ok=True)
+    names = store.names()
+    foreign = [n for n in names if n != fmt.INDEX_NAME and not n.endswith(fmt.SHARD_SUFFIX)]
+    foreign = [n for n in foreign if not n.startswith(f".{fmt.INDEX_NAME}.tmp")]
+    if foreign:
+        raise PackError(f"destination {dst} is not empty and is not a dlfs dataset; use an empty directory")
+    if fmt.INDEX_NAME not in names:
+        return None
+    if not options.force:
+        raise PackError(f"destination {dst} already holds a dlfs dataset; pass --force to replace it")
+    try:
+        return Index.load(store).dataset_id
+    except DatasetError:  # an unreadable old index protects nothing; it is replaced like any leftover
+        return None
+
+
+@contextmanager
+def locked(dst: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the destination's lock, or refuse at once when another pack holds it."""
+    lock_fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise PackError(f"another dlfs pack is writing {dst}; wait for it to finish") from exc
+        yield
+    finally:
+        os.close(lock_fd)
+
+
+def remove_leftovers(store: Store, keep_id: str | None) -> None:
+    """Delete shards and temp files from interrupted runs; keep the live dataset's shards."""
+    for name in store.names():
+        if name.endswith(fmt.SHARD_SUFFIX) and not (keep_id and name.startswith(keep_id + ".")):
+            log.info("removing leftover %s from an interrupted pack", name)
+            store.delete(name)
+        elif name.startswith(f".{fmt.INDEX_NAME}.tmp"):
+            store.delete(name)

@@ -1,0 +1,147 @@
+"""``dlfs pack``: re-lay a directory tree into shards plus one index.
+
+The walk (``walk``) numbers the rows the way the index wants them. File bytes are read by a thread
+pool (``pipeline``: reads release the GIL), checksummed and optionally compressed there, and laid
+into shards in placement order (``placement``, ``writers``). The index (``columns``) is published
+last with an atomic rename, and shard names carry the new dataset id, so an interrupted or failed
+pack never disturbs a dataset that already mounts and never leaves one that does
+(``destination``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from dlfs import __version__
+from dlfs.core import format as fmt
+from dlfs.core.errors import PackError
+from dlfs.core.store import LocalStore, Store
+from dlfs.pack.columns import Placed, index_arrays
+from dlfs.pack.destination import check_destination, locked, remove_leftovers
+from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.placement import placement_order
+from dlfs.pack.walk import Tree, walk
+from dlfs.pack.writers import InOrderShards, InPlaceShards, ShardSet
+
+#: Files between refreshes of the files/s figure on the progress bar.
+PROGRESS_EVERY = 256
+
+
+def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
+    """Pack ``src`` into the dataset directory ``dst``; see the module docstring for guarantees."""
+    if options.order not in ORDERS:
+        raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
+    if options.shard_size < 4096:
+        raise PackError("shard size must be at least 4 KiB")
+    src_path, dst_path = Path(src), Path(dst)
+    if not src_path.exists():
+        raise PackError(f"source {src} does not exist")
+    if not src_path.is_dir():
+        raise PackError(f"source {src} is not a directory")
+    store = LocalStore(dst_path, durable=options.sync)
+    started = time.monotonic()
+    old_id = check_destination(src_path, dst_path, store, options)
+    try:
+        with locked(dst):
+            remove_leftovers(store, old_id)
+            summary = _pack_locked(os.fsencode(src_path), store, options)
+            if old_id:
+                remove_leftovers(store, summary.dataset_id)
+    finally:
+        store.close()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _write_payloads(
+    pool: ThreadPoolExecutor,
+    tree: Tree,
+    rows: np.ndarray,
+    shards: ShardSet,
+    options: PackOptions,
+    summary: PackSummary,
+) -> Placed:
+    """Write every file into the shards in placement order. Skipped files are simply not placed
+    (in place, their slots stay holes)."""
+    placed = Placed()
+    started = time.monotonic()
+    total = sum(tree.size[row] for row in rows.tolist())
+    reads = shards.reads(pool, tree, rows, options)
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    ) as bar:
+        for row, outcome in reads:
+            path = tree.path(row)
+            try:
+                if isinstance(outcome, OSError):
+                    raise outcome
+                payload, shard, offset = shards.put(row, path, tree.size[row], outcome)
+            except OSError as exc:
+                fail_or_skip(f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
+                continue
+            # Stored bytes: the payload's, or the file's own where it went straight to its place.
+            placed.add(row, payload, shard, offset, len(payload.stored) if payload.stored else payload.size)
+            summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+            if len(placed.rows) % PROGRESS_EVERY == 0:
+                rate = len(placed.rows) / max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{len(placed.rows):,} files, {rate:,.0f} files/s", refresh=False)
+            bar.update(tree.size[row])
+    return placed
+
+
+def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
+    summary = PackSummary(dataset_id=fmt.new_dataset_id())
+    # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4).
+    in_place = store.writes_in_place and not options.compress
+    shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
+    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
+        try:
+            tree = walk(src, options, summary, pool)
+            parent = np.asarray(tree.parent, dtype=np.int64)
+            rows = placement_order(
+                parent, np.asarray(tree.mode, dtype=np.uint32), options.order, options.seed
+            )
+            placed = _write_payloads(pool, tree, rows, shards, options, summary)
+            shard_list = shards.finish()
+            arrays = index_arrays(tree, placed)
+            meta = {
+                "dataset_id": summary.dataset_id,
+                "created_ns": time.time_ns(),
+                "dlfs_version": __version__,
+                "build": {
+                    "source": os.fsdecode(src),
+                    "shard_size": options.shard_size,
+                    "compress": "lz4" if options.compress else "none",
+                    "order": options.order,
+                    "seed": options.seed,
+                },
+                "shards": shard_list,
+            }
+            index_bytes = fmt.encode_index(arrays, meta)
+            store.put_atomic(fmt.INDEX_NAME, index_bytes)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            shards.abort()
+            raise
+    kinds = arrays["mode"] & fmt.TYPE_MASK
+    summary.files = int(np.count_nonzero(kinds == stat.S_IFREG))
+    summary.directories = int(np.count_nonzero(kinds == stat.S_IFDIR))
+    summary.symlinks = int(np.count_nonzero(kinds == stat.S_IFLNK))
+    summary.bytes = int(arrays["size"][kinds == stat.S_IFREG].sum())
+    summary.stored_bytes = sum(size for _, size in shard_list)
+    summary.shards = len(shard_list)
+    summary.index_bytes = len(index_bytes)
+    return summary

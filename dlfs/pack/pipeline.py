@@ -1,0 +1,216 @@
+"""The read pipeline: source files read by a thread pool, running ahead of the write loop.
+
+Reads release the GIL, so a pool of readers overlaps them; each file is checksummed (and with lz4,
+compressed) by the thread that read it. In place, that thread also writes the bytes into the
+file's slot while they are still in its core's cache. The write loop consumes the outcomes in
+placement order; memory stays bounded however large the tree.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from dlfs.core import format as fmt
+from dlfs.core.store import ShardWriter
+from dlfs.pack.options import PackOptions
+from dlfs.pack.walk import Tree
+
+STREAM_CHUNK = 8 << 20
+#: Bytes the read-ahead pool may hold at once; keeps pack's memory flat on any tree.
+MAX_INFLIGHT_BYTES = 256 << 20
+#: A pool task reads up to this many files or bytes, so tiny files do not drown in task overhead.
+BATCH_FILES = 64
+BATCH_BYTES = 4 << 20
+#: Bytes a reader gathers from neighbouring slots before writing them in one call (``_SlotRun``).
+GATHER_BYTES = 256 << 10
+
+#: In place: a file's shard number and offset (its row -> its slot).
+Slots = Callable[[int], tuple[int, int]]
+
+
+@dataclass
+class Payload:
+    stored: bytes
+    flags: int
+    size: int
+    checksum: int
+    #: Already written into the slot laid out for it (``stored`` is then empty).
+    in_place: bool = False
+
+
+#: What the pipeline hands the write loop for one row: its payload, its read error, or None for a
+#: large file the writer streams itself.
+Outcome = Payload | OSError | None
+
+
+def _read_whole(path: bytes, size_hint: int) -> bytes:
+    """The file's bytes; one read call when the size seen by the walk is still right."""
+    # O_NOFOLLOW: the walk saw a regular file; never follow a symlink swapped in since.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, size_hint + 1)
+        if len(data) <= size_hint:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _prepare(path: bytes, size_hint: int, compress: bool) -> Payload:
+    data = _read_whole(path, size_hint)
+    stored, flags = fmt.encode_payload(data, compress)
+    return Payload(stored, flags, len(data), fmt.checksum(data))
+
+
+def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[Payload | OSError]:
+    """Read a run of files in one pool task: per-task overhead would dominate tiny files."""
+    out: list[Payload | OSError] = []
+    for path, size_hint in files:
+        try:
+            out.append(_prepare(path, size_hint, compress))
+        except OSError as exc:
+            out.append(exc)
+    return out
+
+
+class _SlotRun:
+    """Payloads bound for neighbouring slots of one shard, written in one call once they reach
+    GATHER_BYTES: a JPEG or two stay in cache until written, and tiny files do not cost a write
+    call each. 1.28 M files of ~32 B, with fsyncs: 75.7 / 81.5 s, against 116.4 / 114.0 s with a
+    write per file (and 95-104 s for the in-order writer)."""
+
+    def __init__(self) -> None:
+        self.writer: ShardWriter | None = None
+        self.start = self.end = 0
+        self.payloads: list[bytes] = []
+
+    def add(self, writer: ShardWriter, offset: int, data: bytes) -> None:
+        if self.payloads and (
+            writer is not self.writer or offset != self.end or self.end - self.start >= GATHER_BYTES
+        ):
+            self.flush()
+        if not self.payloads:
+            self.writer, self.start, self.end = writer, offset, offset
+        self.payloads.append(data)
+        self.end += len(data)
+
+    def flush(self) -> None:
+        if self.payloads:
+            assert self.writer is not None
+            self.writer.write_at(self.start, *self.payloads)
+            self.payloads = []
+
+
+def _copy_batch(
+    files: list[tuple[bytes, int, int, int]], writers: Sequence[ShardWriter]
+) -> list[Payload | OSError]:
+    """Read a run of files and write each into its slot as soon as possible, while its bytes are
+    in cache. A file that grew since the walk no longer fits: its bytes come back, to be
+    appended."""
+    out: list[Payload | OSError] = []
+    run = _SlotRun()
+    for path, size_hint, shard, offset in files:
+        try:
+            data = _read_whole(path, size_hint)
+        except OSError as exc:
+            out.append(exc)
+            continue
+        fits = len(data) <= size_hint
+        if fits:
+            run.add(writers[shard], offset, data)
+        out.append(Payload(b"" if fits else data, 0, len(data), fmt.checksum(data), in_place=fits))
+    run.flush()
+    return out
+
+
+def _batches(tree: Tree, rows: np.ndarray) -> Iterator[list[int]]:
+    """Consecutive rows grouped up to BATCH_FILES / BATCH_BYTES; a file to stream stands alone."""
+    batch: list[int] = []
+    size = 0
+    for row in rows.tolist():
+        big = tree.size[row] > fmt.WHOLE_PAYLOAD_LIMIT
+        if batch and (big or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        if big:
+            yield [row]
+            continue
+        batch.append(row)
+        size += tree.size[row]
+    if batch:
+        yield batch
+
+
+def read_ahead(
+    pool: ThreadPoolExecutor,
+    tree: Tree,
+    rows: np.ndarray,
+    options: PackOptions,
+    slots: Slots | None = None,
+    writers: Sequence[ShardWriter] = (),
+) -> Iterator[tuple[int, Outcome]]:
+    """Yield (row, payload or read error) in placement order, reads running ahead in the pool;
+    with ``slots`` (row -> shard, offset), each file is written in place by its reader, into
+    ``writers[shard]``.
+
+    At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
+    WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
+    """
+    window: deque[tuple[list[int], Future[list[Payload | OSError]] | None, int]] = deque()
+    inflight = 0
+
+    def drain_one() -> Iterator[tuple[int, Outcome]]:
+        nonlocal inflight
+        batch, future, charged = window.popleft()
+        inflight -= charged
+        if future is None:
+            yield batch[0], None
+        else:
+            yield from zip(batch, future.result(), strict=True)
+
+    for batch in _batches(tree, rows):
+        if tree.size[batch[0]] > fmt.WHOLE_PAYLOAD_LIMIT:
+            window.append((batch, None, 0))
+        else:
+            charged = sum(tree.size[row] for row in batch)
+            if slots is None:
+                files = [(tree.path(row), tree.size[row]) for row in batch]
+                future = pool.submit(_prepare_batch, files, options.compress)
+            else:
+                placed = [(tree.path(row), tree.size[row], *slots(row)) for row in batch]
+                future = pool.submit(_copy_batch, placed, writers)
+            window.append((batch, future, charged))
+            inflight += charged
+        while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
+            yield from drain_one()
+    while window:
+        yield from drain_one()
+
+
+def stream_into(write: Callable[[int, bytes], None], path: bytes, limit: int | None = None) -> Payload | None:
+    """Copy a large file chunk by chunk (``write(position in the file, chunk)``), hashing as it
+    goes; never compressed, never held whole. None: it has grown past ``limit`` bytes since the
+    walk, and nothing past the limit was written."""
+    hasher = xxhash.xxh3_64()
+    total = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        while chunk := os.read(fd, STREAM_CHUNK):
+            if limit is not None and total + len(chunk) > limit:
+                return None
+            hasher.update(chunk)
+            write(total, chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return Payload(b"", 0, total, hasher.intdigest())

@@ -1,0 +1,211 @@
+"""Shard writers: numbered shards of about ``target`` bytes for one dataset; a file never spans two.
+
+Two writers share one small interface (``ShardSet``): the write loop asks for the reads that feed
+it (``reads``), hands over each outcome (``put``) and ends with ``finish`` or ``abort``.
+
+``InOrderShards`` places then writes each payload, shard after shard, for payloads whose stored
+size is known only once read (lz4). ``InPlaceShards`` gives every file its slot from the walk's
+sizes and opens every shard at once, and the thread that read a file writes it into its slot
+while its bytes are still in that core's cache. Handed to one writer instead, the bytes are copied
+out of memory they were read into long before, which here cost more than all of tar's work:
+without fsyncs, 2.2 GB of JPEGs packed in 1.2-1.35x tar cf's time in order, 0.79x (warm) and
+0.58x (cold) in place.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from dlfs.core import format as fmt
+from dlfs.core.store import ShardWriter, Store
+from dlfs.pack.options import PackOptions
+from dlfs.pack.pipeline import Outcome, Payload, read_ahead, stream_into
+from dlfs.pack.walk import Tree
+
+
+class ShardSet(ABC):
+    """The shards one pack writes, and how its files get into them."""
+
+    def __init__(self, store: Store, dataset_id: str, target: int) -> None:
+        self.store = store
+        self.dataset_id = dataset_id
+        self.target = target
+        self.created: list[str] = []
+        #: Shard writers not yet committed; ``abort`` drops them.
+        self.open: list[ShardWriter] = []
+
+    def _full(self, end: int, length: int) -> bool:
+        """Does a shard that reaches ``end`` take no file of ``length`` more? A file never spans
+        shards, and one larger than the target gets a shard of its own."""
+        return end > fmt.HEADER_SIZE and end + length > self.target
+
+    def _create(self) -> tuple[int, ShardWriter]:
+        """The next numbered shard: its number and its writer, which is kept open."""
+        number = len(self.created)
+        self.created.append(fmt.shard_name(self.dataset_id, number))
+        self.open.append(self.store.create(self.created[-1]))
+        return number, self.open[-1]
+
+    @abstractmethod
+    def reads(
+        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+    ) -> Iterator[tuple[int, Outcome]]:
+        """The read pipeline over ``rows`` (placement order) that feeds this writer."""
+
+    @abstractmethod
+    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+        """Store one file's read outcome, or stream a large one (None); (payload, shard, offset)."""
+
+    @abstractmethod
+    def finish(self) -> list[tuple[str, int]]:
+        """Commit every shard; (name, length) of each, in shard order."""
+
+    def abort(self) -> None:
+        """Drop every shard this pack created, so a failed pack leaves none behind."""
+        for writer in self.open:
+            writer.abort()
+        self.open = []
+        for name in self.created:
+            self.store.delete(name)
+
+
+class InOrderShards(ShardSet):
+    """Payloads appended one after another by the write loop, one shard open at a time."""
+
+    def __init__(self, store: Store, dataset_id: str, target: int) -> None:
+        super().__init__(store, dataset_id, target)
+        self.done: list[tuple[str, int]] = []
+        self._pos = 0
+
+    def reads(
+        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+    ) -> Iterator[tuple[int, Outcome]]:
+        return read_ahead(pool, tree, rows, options)
+
+    def _roll(self) -> None:
+        self._close()
+        number, writer = self._create()
+        writer.write(fmt.shard_header(self.dataset_id, number))
+        self._pos = fmt.HEADER_SIZE
+
+    def _close(self) -> None:
+        if self.open:
+            self.open[-1].commit()
+            self.open.pop()
+            self.done.append((self.created[-1], self._pos))
+
+    def place(self, length: int) -> tuple[int, int]:
+        """(shard number, offset) for the next ``length`` bytes; a file never spans shards."""
+        if not self.open or self._full(self._pos, length):
+            self._roll()
+        return len(self.done), self._pos
+
+    def write(self, data: bytes) -> None:
+        self.open[-1].write(data)
+        self._pos += len(data)
+
+    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+        """Append a read payload, or stream a large file (``outcome`` None)."""
+        if outcome is None:
+            shard, offset = self.place(size_hint)
+            payload = stream_into(lambda _at, chunk: self.write(chunk), path)
+            assert payload is not None  # no limit
+            return payload, shard, offset
+        shard, offset = self.place(len(outcome.stored))
+        self.write(outcome.stored)
+        return outcome, shard, offset
+
+    def finish(self) -> list[tuple[str, int]]:
+        self._close()
+        return self.done
+
+
+class InPlaceShards(ShardSet):
+    """Every file's slot laid out from the walk's sizes, every shard open at once, each file
+    written into its slot by the reader that read it."""
+
+    def __init__(self, store: Store, dataset_id: str, target: int) -> None:
+        super().__init__(store, dataset_id, target)
+        #: How far each shard's slots (and appends) reach.
+        self._ends: list[int] = []
+        self._shard_at = np.zeros(0, dtype=np.int64)
+        self._offset_at = np.zeros(0, dtype=np.int64)
+
+    def reads(
+        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+    ) -> Iterator[tuple[int, Outcome]]:
+        """Lays out every slot and creates every shard first: the readers write straight into them."""
+        self._shard_at = np.zeros(len(tree.parent), dtype=np.int64)
+        self._offset_at = np.zeros(len(tree.parent), dtype=np.int64)
+        self._shard_at[rows], self._offset_at[rows] = self._lay_out([tree.size[row] for row in rows.tolist()])
+        return read_ahead(pool, tree, rows, options, self.slot, self.open)
+
+    def _lay_out(self, sizes: list[int]) -> tuple[list[int], list[int]]:
+        """Shard number and offset for each file, in placement order, with every shard created."""
+        shards, offsets = [], []
+        for size in sizes:
+            if not self._ends or self._full(self._ends[-1], size):
+                number, writer = self._create()
+                writer.write_at(0, fmt.shard_header(self.dataset_id, number))
+                self._ends.append(fmt.HEADER_SIZE)
+            shards.append(len(self._ends) - 1)
+            offsets.append(self._ends[-1])
+            self._ends[-1] += size
+        return shards, offsets
+
+    def slot(self, row: int) -> tuple[int, int]:
+        """The shard number and offset laid out for a file row."""
+        return self._shard_at.item(row), self._offset_at.item(row)
+
+    def _end(self) -> tuple[int, int]:
+        """Where the next ``_append`` goes, past every laid-out slot."""
+        return len(self._ends) - 1, self._ends[-1]
+
+    def _append(self, length: int) -> tuple[int, int]:
+        """A slot past every laid-out one, for a file that outgrew its own since the walk (the
+        last shard grows past the target)."""
+        shard, offset = self._end()
+        self._ends[-1] += length
+        return shard, offset
+
+    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+        """Done when its reader wrote it in its slot; else stream a large file into the slot, and
+        append a file that outgrew its slot since the walk."""
+        slot = self.slot(row)
+        placed = self._put_at(slot, path, size_hint, outcome)
+        self.open[slot[0]].written_through(slot[1] + size_hint)
+        return placed
+
+    def _put_at(
+        self, slot: tuple[int, int], path: bytes, size_hint: int, outcome: Payload | None
+    ) -> tuple[Payload, int, int]:
+        shard, offset = slot
+        if outcome is not None and outcome.in_place:
+            return outcome, shard, offset
+        if outcome is not None:
+            shard, offset = self._append(len(outcome.stored))
+            self.open[shard].write_at(offset, outcome.stored)
+            return Payload(b"", 0, outcome.size, outcome.checksum, in_place=True), shard, offset
+        payload = self._stream_at(shard, offset, path, size_hint)
+        if payload is None:  # outgrown
+            shard, offset = self._end()
+            payload = self._stream_at(shard, offset, path)
+            assert payload is not None  # no limit
+            self._append(payload.size)
+        return payload, shard, offset
+
+    def _stream_at(self, shard: int, offset: int, path: bytes, limit: int | None = None) -> Payload | None:
+        writer = self.open[shard]
+        return stream_into(lambda at, chunk: writer.write_at(offset + at, chunk), path, limit)
+
+    def finish(self) -> list[tuple[str, int]]:
+        done = []
+        for number, writer in enumerate(self.open):
+            writer.commit(self._ends[number])
+            done.append((self.created[number], self._ends[number]))
+        self.open = []
+        return done
