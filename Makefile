@@ -4,11 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train clean
+.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-report clean
 
-# C loops loaded with ctypes: the read-ahead's (dlfs/_push.c) and the directory listings'
-# (dlfs/_dirents.c). Without them dlfs does the same work in Python and numpy, slower.
-NATIVE := dlfs/_push.so dlfs/_dirents.so
+# C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c) and the directory listings'
+# (dlfs/fuse/_dirents.c). Without them dlfs does the same work in Python and numpy, slower.
+NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so
 SHARED := cc -O2 -Wall -Wextra -Werror -fPIC -shared
 
 install: $(STAMP) $(NATIVE)
@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench]'
 	touch $@
 
-dlfs/_push.so: dlfs/_push.c $(STAMP)
+dlfs/readahead/_push.so: dlfs/readahead/_push.c $(STAMP)
 	$(SHARED) -o $@ $< -lxxhash -lpthread
 
-dlfs/_dirents.so: dlfs/_dirents.c $(STAMP)
+dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c $(STAMP)
 	$(SHARED) -o $@ $<
 
 test: install
@@ -41,7 +41,7 @@ format: install
 	$(BIN)/ruff format dlfs tests tools
 	$(BIN)/ruff check --fix dlfs tests tools
 
-# Every benchmark writes its raw JSON (and plots) into docs/, which docs/benchmarks.md quotes.
+# Every benchmark writes its raw JSON (and plots) into docs/; bench-report turns them into docs/benchmarks.md.
 # Data is generated under bench-data/ on first use.
 # The 1.28 M-file metadata benchmark of issue 2 (takes a few minutes, needs ~6 GB of disk).
 bench-scale: install
@@ -74,7 +74,12 @@ bench-jobs: install $(JOBS_TREE)/generated-20000-100-jpeg
 bench-train: install
 	$(BIN)/python tools/bench_train.py --window 4096 64 --json > docs/bench-train.json
 
+# docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
+bench-report: install
+	$(BIN)/python tools/bench_report.py
+
 bench: bench-scale bench-pack bench-read bench-jobs bench-train
+	$(MAKE) bench-report
 
 clean:
 	rm -rf $(VENV) $(NATIVE) demo-data bench-data .pytest_cache .ruff_cache .hypothesis
