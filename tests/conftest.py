@@ -19,6 +19,7 @@ import pytest
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
+from dlfs.pack import PackOptions, pack
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
@@ -163,8 +164,9 @@ def odd_tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def packed(odd_tree: Path, tmp_path: Path) -> Path:
+    """The odd tree packed in this process (the CLI's own pack is tested in tests/pack)."""
     dst = tmp_path / "dataset"
-    dlfs("pack", odd_tree, dst, "--shard-size", str(SMALL_SHARD))
+    pack(odd_tree, dst, PackOptions(shard_size=SMALL_SHARD, progress=False))
     return dst
 
 

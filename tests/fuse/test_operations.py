@@ -10,7 +10,7 @@ from pathlib import Path
 import pyfuse3
 import pytest
 import trio
-from conftest import dlfs, drop_from_memory, write
+from conftest import drop_from_memory, write
 
 from dlfs.core import cache as cache_module
 from dlfs.core import reader as reader_module
@@ -23,6 +23,7 @@ from dlfs.fuse import operations as fs
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.operations import DlfsOperations
 from dlfs.fuse.reads import TrioReader
+from dlfs.pack import PackOptions, pack
 
 
 def _operations(dataset: Path) -> DlfsOperations:
@@ -138,7 +139,7 @@ def test_a_small_file_in_the_page_cache_is_read_without_a_thread(on_disk: Path) 
     write(src / "small.bin", os.urandom(50_000))
     write(src / "large.bin", os.urandom(reader_module.INLINE_LIMIT + 1))
     write(src / "zeros.bin", bytes(2 * reader_module.INLINE_LIMIT))  # a few KiB once compressed
-    dlfs("pack", src, on_disk / "ds", "--compress", "lz4")
+    pack(src, on_disk / "ds", PackOptions(compress=True, progress=False))
     ops = _operations(on_disk / "ds")
     small, large, zeros = (ops.index.resolve(name) for name in (b"small.bin", b"large.bin", b"zeros.bin"))
     assert small is not None and large is not None and zeros is not None
@@ -227,7 +228,7 @@ def test_a_listing_carries_the_attributes_each_mode_wants(
         write(tmp_path / "src" / "cls" / name.decode(), b"x")
     for name in folders:
         (tmp_path / "src" / "cls" / name.decode()).mkdir()
-    dlfs("pack", tmp_path / "src", tmp_path / "ds")
+    pack(tmp_path / "src", tmp_path / "ds", PackOptions(progress=False))
     ops = _operations(tmp_path / "ds")
     ops.readdirplus_auto = auto
     cls = ops.index.resolve(b"cls")

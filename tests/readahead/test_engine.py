@@ -72,6 +72,14 @@ def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[
     return index, reader, Prefetcher(index, reader, kernel, budget=budget)
 
 
+def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, Prefetcher, np.ndarray]:
+    """A fake kernel, an engine over ``files`` packed files, and the rows in storage order."""
+    _, ds = _packed(tmp_path, files=files)
+    kernel = FakeKernel()
+    index, _, prefetcher = _engine(ds, kernel, budget=budget)
+    return kernel, prefetcher, index.file_rows()
+
+
 def _reading(rows: np.ndarray, epoch: int = 0) -> Reading:
     return Reading(epoch=epoch, world_size=1, rank=0, rows=rows)
 
@@ -154,10 +162,7 @@ def test_the_read_ahead_never_holds_more_than_its_budget_ahead_of_the_reader(tmp
 
 
 def test_a_restarted_epoch_is_fetched_again_from_its_start(tmp_path: Path) -> None:
-    _, ds = _packed(tmp_path)
-    kernel = FakeKernel()
-    index, _, prefetcher = _engine(ds, kernel, budget=40 * SIZE)
-    rows = index.file_rows()
+    kernel, prefetcher, rows = _following(tmp_path, 100, budget=40 * SIZE)
 
     async def test(prefetcher: Prefetcher) -> None:
         prefetcher.activate(_reading(rows))
@@ -177,10 +182,7 @@ def test_a_restarted_epoch_is_fetched_again_from_its_start(tmp_path: Path) -> No
 
 
 def test_a_reader_that_jumps_ahead_is_followed_from_there(tmp_path: Path) -> None:
-    _, ds = _packed(tmp_path, files=200)
-    kernel = FakeKernel()
-    index, _, prefetcher = _engine(ds, kernel, budget=10 * SIZE)
-    rows = index.file_rows()
+    kernel, prefetcher, rows = _following(tmp_path, 200, budget=10 * SIZE)
 
     async def test(prefetcher: Prefetcher) -> None:
         prefetcher.activate(_reading(rows))
