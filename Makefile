@@ -6,9 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-report clean
 
-# C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c) and the directory listings'
-# (dlfs/fuse/_dirents.c). Without them dlfs does the same work in Python and numpy, slower.
-NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so
+# C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
+# (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
+# does the same work in Python and numpy, slower.
+NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
 SHARED := cc -O2 -Wall -Wextra -Werror -fPIC -shared
 
 install: $(STAMP) $(NATIVE)
@@ -23,8 +24,11 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 dlfs/readahead/_push.so: dlfs/readahead/_push.c $(STAMP)
 	$(SHARED) -o $@ $< -lxxhash -lpthread
 
-dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c $(STAMP)
+dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c dlfs/fuse/_entry.h $(STAMP)
 	$(SHARED) -o $@ $<
+
+dlfs/fuse/_server.so: dlfs/fuse/_server.c dlfs/fuse/_entry.h $(STAMP)
+	$(SHARED) $$(pkg-config --cflags fuse3) -o $@ $< -lxxhash -llz4 -lpthread
 
 test: install
 	$(BIN)/ruff check dlfs tests tools

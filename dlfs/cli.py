@@ -107,6 +107,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         prefetch_budget=args.prefetch_budget,
         prefetch_inflight=args.prefetch_inflight,
         readdirplus=args.readdirplus,
+        native_threads=args.native_threads,
     )
     if not args.foreground:
         started = time.monotonic()
@@ -304,6 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"RAM for file payloads in the daemon {D}",
     )
     p.add_argument("--threads", type=int, default=d.threads, help=f"concurrent storage reads {D}")
+    p.add_argument(
+        "--native-threads",
+        type=int,
+        default=d.native_threads,
+        help="threads answering lookups, attributes, reads, ioctls and statfs in C, without Python; "
+        f"0: every request goes through Python (default: one per core, {d.native_threads} here)",
+    )
     p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build and install pyfuse3 3.5.0 with four additions for a read-only dataset: ``3.5.0+dlfs.6``.
+"""Build and install pyfuse3 3.5.0 with five additions for a read-only dataset: ``3.5.0+dlfs.7``.
 
 This docstring is the one place that says what each patch does and why; README.md and
 docs/design.md (which also says which ones could go upstream) point here.
@@ -27,8 +27,13 @@ docs/design.md (which also says which ones could go upstream) point here.
    loop (``dlfs/readahead/_push.c``) writes FUSE_NOTIFY_STORE messages itself, many files per call
    without the GIL (a warm epoch with 8 readers: 19.5k files/s against 13.3k with the loop in
    Python, which pushes through ``pyfuse3.notify_store``).
+5. ``custom_io(io, fd)``: libfuse's ``fuse_session_custom_io`` for the mounted session, so that
+   the native request server (``dlfs/fuse/_server.c``) reads every request from ``/dev/fuse``
+   itself, on several threads, answers the hot ones in C and hands pyfuse3 only the rest: libfuse
+   then reads requests and writes replies through ``io``, and the main loop waits on ``fd``.
+   ``dev_fuse_fd()`` still gives the device.
 
-The module gets ``pyfuse3.dlfs_features`` (the four names above) so that dlfs can tell this build
+The module gets ``pyfuse3.dlfs_features`` (the five names above) so that dlfs can tell this build
 from a stock one: on stock pyfuse3 every path still works, slower, and the mount's log names what
 is missing (``dlfs/fuse/features.py``). The version to build is read from the ``pyfuse3==`` pin in
 pyproject.toml, whose local tag (``+dlfs.N``) no index carries: a plain ``pip install dlfs`` fails
@@ -61,7 +66,7 @@ def pinned_version() -> tuple[str, str]:
 
 
 VERSION, LOCAL = pinned_version()
-FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto", "readdir_reply_raw", "dev_fuse_fd")
+FEATURES = ("inode_as_fh_without_open", "readdir_plus_auto", "readdir_reply_raw", "dev_fuse_fd", "custom_io")
 
 EDITS: list[tuple[str, str, str]] = [
     (
@@ -130,9 +135,20 @@ EDITS: list[tuple[str, str, str]] = [
     (
         "src/pyfuse3/__init__.pyx",
         "def notify_store(inode, offset, data):\n",
+        "cdef int device_fd = -1\n\n"
         "def dev_fuse_fd():\n"
         "    # The mounted session's /dev/fuse descriptor, for notifications sent without libfuse.\n"
-        "    return session_fd\n\n"
+        "    return device_fd if device_fd >= 0 else session_fd\n\n"
+        "cdef extern from '<fuse_lowlevel.h>' nogil:\n"
+        "    int fuse_session_custom_io(fuse_session *se, const void *io, int fd)\n\n"
+        "def custom_io(size_t io, int fd):\n"
+        "    # Requests are read and replies written through io (a struct fuse_custom_io); the\n"
+        "    # main loop waits for fd to become readable. Call after init, before main.\n"
+        "    global session_fd, device_fd\n"
+        "    if fuse_session_custom_io(session, <const void*> io, fd) != 0:\n"
+        "        raise RuntimeError('fuse_session_custom_io failed')\n"
+        "    device_fd = session_fd\n"
+        "    session_fd = fd\n\n"
         "def notify_store(inode, offset, data):\n",
     ),
     (

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages dlfs needs (FUSE 3 runtime and headers, a compiler for pyfuse3 and
-# the read-ahead's C loop, xxhash's header, python3-venv, squashfs tools for the benchmark peers)
+# the C loops, xxhash's and lz4's headers, python3-venv, squashfs tools for the benchmark peers)
 # when any is missing. Idempotent; needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -9,7 +9,8 @@ command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
-[ -e /usr/include/xxhash.h ] || missing+=(libxxhash-dev)  # for dlfs/_push.c
+[ -e /usr/include/xxhash.h ] || missing+=(libxxhash-dev)  # for the C loops' checksums
+[ -e /usr/include/lz4.h ] || missing+=(liblz4-dev)  # for dlfs/fuse/_server.c's lz4 files
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
     2>/dev/null || missing+=(python3-dev)
 # The peers dlfs bench --peers measures against (ratarmount comes from PyPI with the bench extra).

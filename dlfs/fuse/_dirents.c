@@ -5,60 +5,13 @@
  * waits for in the daemon. This loop writes the same bytes at a few nanoseconds per entry.
  * dlfs/dirents.py is its only caller (through ctypes); build: `make install`.
  */
-#include <linux/fuse.h>
-#include <stdint.h>
-#include <string.h>
-#include <sys/stat.h>
-
-/* The index's columns (dlfs/format.py SECTIONS), little-endian like the host this is built for. */
-struct columns {
-    const uint64_t *name_off; /* one past the last row too: names of row r are [name_off[r], name_off[r+1]) */
-    const uint8_t *names;
-    const uint32_t *mode, *uid, *gid;
-    const uint64_t *size, *stored;
-    const int64_t *mtime;
-};
-
-/* What every entry of a reply shares. */
-struct reply {
-    uint64_t inode_base; /* inode = row + inode_base */
-    uint64_t valid;      /* entry and attribute timeouts */
-    uint32_t valid_nsec;
-    uint32_t file_blksize, dir_blksize;
-};
+#include "_entry.h"
 
 /* What a record carries besides name, inode and type (Attributes in dlfs/dirents.py). */
 enum attrs { ATTRS_NONE, ATTRS_ALL, ATTRS_DIRS };
 
-#define BLOCK 512
-#define NSEC 1000000000
-
 static uint32_t record_size(uint32_t head, uint64_t namelen) {
     return (uint32_t)((head + namelen + 7) & ~(uint64_t)7); /* FUSE_DIRENT_ALIGN */
-}
-
-static void fill_entry(struct fuse_entry_out *e, const struct columns *c, const struct reply *r, int64_t row,
-                       uint32_t nlink) {
-    uint32_t mode = c->mode[row];
-    uint64_t used = S_ISREG(mode) ? c->stored[row] : S_ISDIR(mode) ? c->size[row] : 0;
-    int64_t sec = c->mtime[row] / NSEC, nsec = c->mtime[row] % NSEC;
-    if (nsec < 0) { /* floor, like numpy's divmod, for times before 1970 */
-        nsec += NSEC;
-        sec -= 1;
-    }
-    memset(e, 0, sizeof *e);
-    e->nodeid = e->attr.ino = (uint64_t)row + r->inode_base;
-    e->entry_valid = e->attr_valid = r->valid;
-    e->entry_valid_nsec = e->attr_valid_nsec = r->valid_nsec;
-    e->attr.size = c->size[row];
-    e->attr.blocks = (used + BLOCK - 1) / BLOCK;
-    e->attr.atime = e->attr.mtime = e->attr.ctime = (uint64_t)sec;
-    e->attr.atimensec = e->attr.mtimensec = e->attr.ctimensec = (uint32_t)nsec;
-    e->attr.mode = mode;
-    e->attr.nlink = nlink;
-    e->attr.uid = c->uid[row];
-    e->attr.gid = c->gid[row];
-    e->attr.blksize = S_ISDIR(mode) ? r->dir_blksize : r->file_blksize;
 }
 
 /* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as

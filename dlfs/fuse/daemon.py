@@ -20,14 +20,16 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
+from dlfs.core.protocol import CONTROL_NAME
 from dlfs.core.store import open_store
+from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.features import log_pyfuse3_features
 from dlfs.fuse.kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.mount import MountOptions, check_mountpoint
-from dlfs.fuse.operations import DlfsOperations
+from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.reads import TrioReader
 from dlfs.readahead.engine import Prefetcher
@@ -91,13 +93,15 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "cache": cache.stats(),
             "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
+            "native": native.counts() if native is not None else None,
             "listed_folders": lister.listed,
             "listing_folders": lister.pending,
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 
+    native = _native_server(index, reader, options)
     control = ControlTree(index, spec, stats)
-    operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests)
+    operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests, native)
     operations.readdirplus_auto = options.readdirplus == "auto"
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:
@@ -110,7 +114,9 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
     log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
     log_pyfuse3_features(log)
-    _serve_first()
+    _serve_first()  # before the native threads start: they inherit the priority
+    if native is not None:
+        native.start(options.native_threads)
     clean = False
     try:
         try:
@@ -121,9 +127,27 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             trio.run(_serve, prefetcher)
         clean = True
     finally:
-        pyfuse3.close(unmount=clean)
+        pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
+        if native is not None:
+            native.close()
         store.close()
     log.info("unmounted %s", mnt)
+
+
+def _native_server(
+    index: Index, reader: TrioReader, options: MountOptions
+) -> native_server.NativeServer | None:
+    """The C threads for the hot requests, unless turned off or not built (said in the log)."""
+    if options.native_threads <= 0:
+        log.info("native request server off (--native-threads 0): Python answers every request")
+        return None
+    missing = native_server.available()
+    if missing is not None:
+        log.warning("native request server unavailable, Python answers every request: %s", missing)
+        return None
+    return native_server.NativeServer.load(
+        index, reader, CONTROL_NAME, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK), STATFS_BLOCK
+    )
 
 
 def _serve_first() -> None:

@@ -158,17 +158,25 @@ def _scatter(out: np.ndarray, starts: np.ndarray, records: np.ndarray) -> None:
     words[(starts // WORD)[:, None] + np.arange(width)] = records.view(np.uint64).reshape(-1, width)
 
 
-class _Columns(ctypes.Structure):
-    """``struct columns`` of ``_dirents.c``: where the index's columns lie in memory."""
+class Columns(ctypes.Structure):
+    """``struct columns`` of ``_entry.h``: where the index's columns lie in memory."""
 
     _fields_ = [
         (name, ctypes.c_void_p)
         for name in ("name_off", "names", "mode", "uid", "gid", "size", "stored", "mtime")
     ]
 
+    @classmethod
+    def of(cls, index: Index) -> Columns | None:
+        """The columns of ``index``, or None when they are not in this host's byte order."""
+        columns = {name: getattr(index, name) for name, _ in cls._fields_}
+        if not all(c.flags.c_contiguous and c.dtype.isnative for c in columns.values()):
+            return None
+        return cls(**{name: column.ctypes.data for name, column in columns.items()})
 
-class _Reply(ctypes.Structure):
-    """``struct reply`` of ``_dirents.c``: what every entry of a mount's listings shares."""
+
+class Reply(ctypes.Structure):
+    """``struct reply`` of ``_entry.h``: what every entry of a mount's listings shares."""
 
     _fields_ = [
         ("inode_base", ctypes.c_uint64),
@@ -205,12 +213,12 @@ class Encoder:
         if not library.exists():
             log.info("%s is not built (make install builds it): listing directories with numpy", library.name)
             return None
-        columns = {name: getattr(self.index, name) for name, _ in _Columns._fields_}
-        if not all(c.flags.c_contiguous and c.dtype.isnative for c in columns.values()):
+        columns = Columns.of(self.index)
+        if columns is None:
             log.info("index columns not in this host's byte order: listing directories with numpy")
             return None
-        self._columns = _Columns(**{name: column.ctypes.data for name, column in columns.items()})
-        self._reply = _Reply(
+        self._columns = columns
+        self._reply = Reply(
             self.inode_base,
             int(self.timeout),
             int((self.timeout % 1) * 1e9),
@@ -220,7 +228,7 @@ class Encoder:
         call.restype = ctypes.c_int64
         call.argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int,
-            ctypes.POINTER(_Columns), ctypes.POINTER(_Reply), ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
+            ctypes.POINTER(Columns), ctypes.POINTER(Reply), ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64),
         ]  # fmt: skip
         return call
 

@@ -26,6 +26,11 @@ CONSEQUENCES: dict[str, str] = {
         "directory replies are built one readdir_reply call and one EntryAttributes per entry "
         "(5-15 us per entry in Python instead of 0.03-0.08 us from the C encoder)"
     ),
+    "custom_io": (
+        "every request is answered by pyfuse3's one Python thread instead of the native request "
+        "server's C threads (an unmodified loader with shuffle=True: a LOOKUP, an IOCTL and a READ "
+        "per image at 50-650 us each)"
+    ),
     "dev_fuse_fd": (
         "the read-ahead reads, checks and pushes every file in Python instead of its C loop "
         "(warm epoch, 8 readers: ~13k instead of ~19k files/s, daemon CPU ~1.5x)"

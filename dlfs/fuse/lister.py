@@ -6,7 +6,8 @@ pressure) costs the daemon a LOOKUP per file, ~100 µs of Python each. One READD
 teaches the kernel a whole folder, a dentry and an inode per entry, for what a few dozen LOOKUPs
 cost, and the opens that follow never reach the daemon. So after a few misses in one folder, the
 folder is listed in the background, through the mountpoint like any program would: once, and again
-only after the kernel forgot some of its entries.
+only after the kernel forgot some of its entries. The native request server (``dlfs.fuse.server``)
+answers LOOKUPs in C for a few µs each and tells nobody: this applies to the LOOKUPs Python answers.
 
 And a scan of the whole tree (ImageFolder's, ``find``) under ``--readdirplus auto``: its listings
 give files no attributes, so it runs at plain listing speed, but the kernel then holds no inode for

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfs.core.errors import MountError
@@ -46,6 +46,8 @@ class MountOptions:
     # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
     prefetch_inflight: int = 16
     readdirplus: str = "auto"
+    #: Threads answering the hot requests in C (``dlfs.fuse.server``); 0: pyfuse3 answers all.
+    native_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:

@@ -43,6 +43,7 @@ from dlfs.fuse.control import ControlTree
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.reads import TrioReader
+from dlfs.fuse.server import NativeServer
 from dlfs.readahead.engine import Prefetcher
 
 #: The data never changes while mounted, so the kernel may keep names and attributes for a day.
@@ -88,6 +89,7 @@ class DlfsOperations(pyfuse3.Operations):
         lister: FolderLister | None = None,
         known: KernelKnowledge | None = None,
         requests: Counter[str] | None = None,
+        native: NativeServer | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -98,6 +100,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.known = known if known is not None else KernelKnowledge(index)
         #: Requests answered, by kind (and bytes read), for ``.dlfs/stats``.
         self.requests: Counter[str] = requests if requests is not None else Counter()
+        #: The C threads that answer the hot requests before they reach this object, if running.
+        self.native = native
         self._listings = dirents.Encoder(
             index, pyfuse3.ROOT_INODE, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK)
         )
@@ -170,6 +174,8 @@ class DlfsOperations(pyfuse3.Operations):
             reading = await trio.to_thread.run_sync(self.control.reading, inode)
             if self.prefetcher is not None:
                 self.prefetcher.activate(reading)
+                if self.native is not None:
+                    self.native.watch_reads()  # the read-ahead follows the reader by its READs
         if self.control.is_volatile(inode):
             self.control.refresh_stats()
         return await self._control_entry(inode)

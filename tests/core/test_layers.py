@@ -97,7 +97,7 @@ def _c_define(source: str, name: str) -> int:
     [
         ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
         ("readahead/_push.c", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
-        ("fuse/_dirents.c", "BLOCK", libc.STAT_BLOCK),
+        ("fuse/_entry.h", "BLOCK", libc.STAT_BLOCK),
     ],
 )
 def test_the_c_loops_use_the_numbers_of_core_libc(source: str, name: str, value: int) -> None:

@@ -1,0 +1,183 @@
+"""The native request server: the mount's hot requests answered in C on several threads.
+
+Every request pyfuse3 answers waits for one Python thread (50-650 µs each), and an unmodified
+loader that follows no published order sends three per image: a LOOKUP, the IOCTL of Python's
+``open()`` (isatty) and a READ. ``_server.c`` reads all requests from ``/dev/fuse`` on ``threads``
+threads (clones of the session's descriptor) and answers LOOKUP, GETATTR and READ of the dataset's
+entries, IOCTL and STATFS from the index columns and the shards, never entering the interpreter;
+everything else reaches pyfuse3 unchanged through libfuse's custom I/O (``pyfuse3.custom_io``), so
+the control tree, listings, FORGET bookkeeping and the read-ahead stay in Python. What goes where
+and why is in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pyfuse3
+
+from dlfs.core.index import Index
+from dlfs.core.reader import Reader
+from dlfs.fuse import dirents
+
+log = logging.getLogger(__name__)
+
+LIBRARY = Path(__file__).with_name("_server.so")
+#: Opcode counters of ``struct counts``.
+OPCODES = 64
+#: How long ``close`` waits for the threads after the unmount.
+STOP_TIMEOUT_MS = 2000
+#: The opcodes the stats name (include/uapi/linux/fuse.h); others are counted by number.
+OPCODE_NAMES = {
+    1: "lookup", 2: "forget", 3: "getattr", 15: "read", 17: "statfs", 25: "flush", 26: "init",
+    28: "readdir", 36: "interrupt", 39: "ioctl", 42: "batch_forget", 44: "readdirplus",
+}  # fmt: skip
+
+
+class _Dataset(ctypes.Structure):
+    """``struct dataset`` of ``_server.c``."""
+
+    _fields_ = [
+        ("c", dirents.Columns),
+        ("r", dirents.Reply),
+        ("parent", ctypes.c_void_p),
+        ("shard", ctypes.c_void_p),
+        ("offset", ctypes.c_void_p),
+        ("checksum", ctypes.c_void_p),
+        ("flags", ctypes.c_void_p),
+        ("shard_fds", ctypes.c_void_p),
+        ("count", ctypes.c_uint64),
+        ("statfs_blocks", ctypes.c_uint64),
+        ("statfs_bsize", ctypes.c_uint32),
+        ("control_name", ctypes.c_char * 32),
+    ]
+
+
+class _Counts(ctypes.Structure):
+    """``struct counts`` of ``_server.c``."""
+
+    _fields_ = [
+        ("answered", ctypes.c_uint64 * OPCODES),
+        ("cpu_ns", ctypes.c_uint64 * OPCODES),
+        ("forwarded", ctypes.c_uint64 * OPCODES),
+        ("read_bytes", ctypes.c_uint64),
+    ]
+
+
+def available() -> str | None:
+    """None when this process can run the server, else why not (for the mount's log)."""
+    if not LIBRARY.exists():
+        return f"{LIBRARY.name} is not built (make install builds it)"
+    if "custom_io" not in getattr(pyfuse3, "dlfs_features", ()):
+        return "pyfuse3 lacks custom_io (tools/build_pyfuse3.py builds it)"
+    return None
+
+
+class NativeServer:
+    """The C threads of one mount. ``start`` after ``pyfuse3.init`` and before ``pyfuse3.main``;
+    ``close`` after ``pyfuse3.close``."""
+
+    def __init__(
+        self,
+        index: Index,
+        reader: Reader,
+        control_name: bytes,
+        timeout: float,
+        blksize: tuple[int, int],
+        statfs_block: int,
+        columns: dirents.Columns,
+    ) -> None:
+        self.index = index
+        self._lib = ctypes.CDLL(str(LIBRARY))
+        self._lib.dlfs_server_io.restype = ctypes.c_void_p
+        self._lib.dlfs_server_prepare.argtypes = [ctypes.POINTER(_Dataset)]
+        self._lib.dlfs_server_counts.argtypes = [ctypes.POINTER(_Counts)]
+        # Kept here: the C side holds pointers into these for the life of the mount.
+        descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
+        self._shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
+        self._columns = columns
+        self._dataset = _Dataset(
+            c=self._columns,
+            r=dirents.Reply(pyfuse3.ROOT_INODE, int(timeout), int((timeout % 1) * 1e9), *blksize),
+            parent=index.parent.ctypes.data,
+            shard=index.shard.ctypes.data,
+            offset=index.offset.ctypes.data,
+            checksum=index.checksum.ctypes.data,
+            flags=index.flags.ctypes.data,
+            shard_fds=self._shard_fds.ctypes.data,
+            count=index.count,
+            statfs_blocks=-(-index.total_stored // statfs_block),
+            statfs_bsize=statfs_block,
+            control_name=control_name,
+        )
+        self.threads = 0
+
+    @classmethod
+    def load(
+        cls,
+        index: Index,
+        reader: Reader,
+        control_name: bytes,
+        timeout: float,
+        blksize: tuple[int, int],
+        statfs_block: int,
+    ) -> NativeServer | None:
+        """The server, or None (and why, in the log) when the index is not in this host's order."""
+        columns = dirents.Columns.of(index)
+        if columns is None:
+            log.warning("index columns not in this host's byte order: Python answers every request")
+            return None
+        return cls(index, reader, control_name, timeout, blksize, statfs_block, columns)
+
+    def start(self, threads: int) -> None:
+        """Take the mounted session's requests: from here on pyfuse3 sees only what C hands it."""
+        wait_fd = self._lib.dlfs_server_prepare(ctypes.byref(self._dataset))
+        if wait_fd < 0:
+            raise OSError(-wait_fd, os.strerror(-wait_fd))
+        device = pyfuse3.dev_fuse_fd()
+        pyfuse3.custom_io(self._lib.dlfs_server_io(), wait_fd)
+        started = self._lib.dlfs_server_start(device, threads)
+        if started < 0:
+            raise OSError(-started, f"cannot start the native request threads: {os.strerror(-started)}")
+        self.threads = started
+        log.info("native request server: %d threads", started)
+
+    def watch_reads(self) -> None:
+        """Hand every READ of a dataset file to Python: the read-ahead follows readers by them."""
+        self._lib.dlfs_server_watch_reads(1)
+
+    def counts(self) -> dict[str, object]:
+        """Requests answered in C and handed to Python, by kind, and the C threads' CPU per kind."""
+        c = _Counts()
+        self._lib.dlfs_server_counts(ctypes.byref(c))
+        answered, forwarded, cpu = {}, {}, {}
+        for op in range(OPCODES):
+            name = OPCODE_NAMES.get(op, f"op{op}")
+            if c.answered[op]:
+                answered[name] = c.answered[op]
+                cpu[name] = round(c.cpu_ns[op] / c.answered[op] / 1000, 2)
+            if c.forwarded[op]:
+                forwarded[name] = c.forwarded[op]
+        return {
+            "threads": self.threads,
+            "answered": answered,
+            "forwarded": forwarded,
+            "cpu_us_per_request": cpu,
+            "read_bytes": c.read_bytes,
+        }
+
+    def session_ended(self) -> bool:
+        """True once the kernel ended the session (an unmount from outside): nothing to unmount.
+
+        libfuse learns that from a failed poll of the descriptor it holds, which is no longer the
+        device's: without this it tries the unmount again and prints why it failed."""
+        return self.threads > 0 and not self._lib.dlfs_server_running()
+
+    def close(self) -> None:
+        """After the unmount: wait for the threads (they stop once the kernel ends the session)."""
+        if self.threads and (left := self._lib.dlfs_server_stop(STOP_TIMEOUT_MS)):
+            log.warning("%d native request threads still serve a busy lazily-unmounted mount", left)

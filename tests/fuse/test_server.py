@@ -1,0 +1,210 @@
+"""The native request server (``dlfs.fuse.server``): hot requests answered in C on several threads.
+
+Real mounts throughout. Each test checks in ``.dlfs/stats`` that the C threads did answer what it
+is about, so none passes by falling back on the Python path.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import dlfs, flip_byte, is_mounted, payload_place, wait_until
+
+#: Readers at once: more than the machine's cores and the mount's threads.
+READERS = 16
+
+
+def native_stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".dlfs" / "stats").read_bytes())["native"]
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(
+        Path(folder, name).relative_to(root)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if not Path(folder, name).is_symlink()
+    )
+
+
+def read_the_way_torchvision_does(path: Path) -> bytes:
+    """torchvision's default loader: a buffered open (which asks isatty on Python < 3.14)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def metadata(path: Path) -> tuple[int, ...]:
+    s = os.lstat(path)
+    return (s.st_mode, s.st_nlink, s.st_uid, s.st_gid, s.st_size, s.st_mtime_ns)
+
+
+def test_many_readers_get_every_byte_and_attribute_from_the_c_threads(
+    odd_tree: Path, packed: Path, mount
+) -> None:
+    files = files_under(odd_tree)
+    with mount(packed, "--native-threads", "4") as mnt:
+        with ThreadPoolExecutor(READERS) as pool:
+            for _ in range(2):  # the second round finds the files in the kernel's page cache
+                got = list(pool.map(lambda p: read_the_way_torchvision_does(mnt / p), files))
+                assert got == [(odd_tree / p).read_bytes() for p in files]
+        for path in [Path(folder) for folder, _, _ in os.walk(odd_tree)] + [odd_tree / p for p in files]:
+            relative = path.relative_to(odd_tree)
+            assert metadata(mnt / relative) == metadata(path), relative
+        counts = native_stats(mnt)
+    assert counts["threads"] == 4
+    for kind in ("lookup", "ioctl", "read"):
+        assert counts["answered"][kind] > 0, counts
+    assert "read" not in counts["forwarded"], counts  # every file here is small enough for C
+
+
+def test_c_and_python_answer_alike(odd_tree: Path, packed: Path, mount) -> None:
+    """Attributes from the C threads (LOOKUP, GETATTR, STATFS) equal pyfuse3's, stat field by field."""
+    entries = (Path(folder, name) for folder, dirs, names in os.walk(odd_tree) for name in dirs + names)
+    paths = [Path("."), *sorted(p.relative_to(odd_tree) for p in entries)]
+
+    def observe(mnt: Path) -> list[object]:
+        seen: list[object] = [tuple(os.statvfs(mnt))]
+        for p in paths:
+            s = os.lstat(mnt / p)
+            seen.append(
+                (p, s.st_ino, s.st_mode, s.st_nlink, s.st_size, s.st_blocks, s.st_blksize, s.st_mtime_ns)
+            )
+        return seen
+
+    with mount(packed, "--native-threads", "0") as mnt:
+        by_python = observe(mnt)
+        assert native_stats(mnt) is None
+    with mount(packed) as mnt:
+        by_c = observe(mnt)
+        counts = native_stats(mnt)["answered"]
+    assert by_c == by_python
+    assert counts["lookup"] >= len(paths) - 1 and counts["statfs"] >= 1
+
+
+def test_lz4_files_and_files_of_several_reads_come_whole(odd_tree: Path, tmp_path: Path, mount) -> None:
+    dst = tmp_path / "lz4"
+    dlfs("pack", odd_tree, dst, "--compress", "lz4", "--shard-size", "64K")
+    names = ["compressible.txt", "random.bin", "larger-than-a-shard.bin"]  # 100 KB, 328 KB: several READs
+    with mount(dst) as mnt:
+        with ThreadPoolExecutor(8) as pool:
+            for name, data in zip(names, pool.map(lambda n: (mnt / n).read_bytes(), names * 8), strict=False):
+                assert data == (odd_tree / name).read_bytes()
+        counts = native_stats(mnt)
+    assert counts["answered"]["read"] >= len(names) and "read" not in counts["forwarded"]
+
+
+def test_a_corrupt_file_is_eio_never_wrong_bytes(packed: Path, mount) -> None:
+    shard, offset, length = payload_place(packed, "random.bin")
+    flip_byte(shard, offset + length // 2)
+    with mount(packed) as mnt:
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(lambda _: _read_errno(mnt / "random.bin"), range(8)))
+        assert outcomes == [errno.EIO] * 8
+        assert (mnt / "plain.txt").read_bytes() == b"hello dlfs\n"
+        counts = native_stats(mnt)
+    # The C thread found the mismatch and let Python answer (EIO, logged once; test_integrity).
+    assert counts["forwarded"]["read"] >= 1 and counts["answered"]["read"] >= 1
+
+
+def _read_errno(path: Path) -> int:
+    try:
+        path.read_bytes()
+    except OSError as exc:
+        return exc.errno or 0
+    return 0
+
+
+def test_the_control_tree_works_while_c_threads_serve(odd_tree: Path, packed: Path, mount) -> None:
+    files = files_under(odd_tree)
+    stop = threading.Event()
+
+    def hammer() -> int:
+        rounds = 0
+        while not stop.is_set():
+            for p in files[:50]:
+                read_the_way_torchvision_does(mnt / p)
+            rounds += 1
+        return rounds
+
+    with mount(packed) as mnt, ThreadPoolExecutor(4) as pool:
+        busy = [pool.submit(hammer) for _ in range(4)]
+        try:
+            order = (mnt / ".dlfs" / "order" / "epoch-0").read_bytes().splitlines()
+            config = (mnt / ".dlfs" / "config").read_bytes()
+            stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        finally:
+            stop.set()
+        assert all(f.result(timeout=60) >= 1 for f in busy)
+    assert len(order) == sum(1 for p in files if stat.S_ISREG(os.lstat(odd_tree / p).st_mode))
+    assert b"seed" in config and stats["native"]["answered"]["read"] > 0
+
+
+def test_after_an_order_is_announced_reads_reach_the_read_ahead(odd_tree: Path, packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        order = (mnt / ".dlfs" / "order" / "epoch-0").read_bytes().splitlines()
+        before = native_stats(mnt)["forwarded"].get("read", 0)
+        for line in order[:40]:
+            assert (mnt / os.fsdecode(line)).read_bytes() == (odd_tree / os.fsdecode(line)).read_bytes()
+        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+    assert stats["prefetch"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
+
+
+@pytest.mark.parametrize("stop", ["umount", "sigterm"])
+def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
+    odd_tree: Path, packed: Path, tmp_path: Path, stop: str
+) -> None:
+    """Readers in other processes hammer the mount; the mount goes away under them. Every reader
+    ends (with data or an error) within seconds, the daemon exits and nothing stays mounted."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = dlfs("mount", packed, mnt, "--log-file", tmp_path / "mount.log")
+    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    reader = (
+        "import os, sys\n"
+        "paths = [os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns]\n"
+        "while True:\n"
+        "    for p in paths:\n"
+        "        try:\n"
+        "            open(p, 'rb').read()\n"
+        "        except OSError:\n"
+        "            sys.exit(0)\n"
+    )
+    readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt)]) for _ in range(6)]
+    try:
+        time.sleep(1.0)
+        assert native_stats(mnt)["answered"]["read"] > 0
+        if stop == "umount":
+            dlfs("umount", mnt, timeout=30)
+        else:
+            os.kill(pid, signal.SIGTERM)
+        assert wait_until(lambda: all(r.poll() is not None for r in readers), 20), "a reader hangs"
+        assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 20), (
+            "the daemon lives on"
+        )
+        assert not is_mounted(mnt)
+    finally:
+        for r in readers:
+            r.kill()
+            r.wait()
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, check=False)
+    log_text = (tmp_path / "mount.log").read_text()
+    assert "Traceback" not in log_text and "failed to unmount" not in log_text, log_text
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+    except FileNotFoundError:
+        return True
