@@ -215,6 +215,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     options = bench.Options(
         jobs=[job.strip() for job in args.job.split(",") if job.strip()],
         readers=args.readers,
+        batch=args.batch,
         processes=args.workers == "process",
         cold=args.cold,
         repeat=args.repeat,
@@ -380,7 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fio-style jobs (scan, stat, reads) on dataset trees and mounts, side by side",
         description="Run the same jobs on every ROOT (a directory, a dlfs/squashfuse/ratarmount mount) "
         "and print one table. Jobs: scan (ImageFolder-style class scan), readdir, stat, seqread, "
-        "randread, orderread (read every file whole in tree / seeded random / published dlfs order).",
+        "randread, orderread (read every file whole in tree / seeded random / published dlfs order, "
+        "unbuffered), shuffleload, orderload (seeded random / published order read the way "
+        "torchvision's default loader does: buffered open(), which asks isatty() before Python 3.14).",
     )
     p.add_argument(
         "roots", nargs="+", metavar="ROOT", help="PATH or LABEL=PATH; with --peers the first is the source"
@@ -391,6 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated jobs (default scan,stat,seqread,randread)",
     )
     p.add_argument("--readers", type=int, default=1, help="concurrent readers (default 1)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1,
+        help="items a reader takes at a time, as a DataLoader worker takes a batch (default 1)",
+    )
     p.add_argument(
         "--workers",
         choices=("process", "thread"),
@@ -403,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of randread's order (default 0)")
     p.add_argument(
-        "--epoch", type=int, default=0, help="epoch whose published order orderread follows (default 0)"
+        "--epoch",
+        type=int,
+        default=0,
+        help="epoch whose published order orderread and orderload follow (default 0)",
     )
     p.add_argument(
         "--peers",

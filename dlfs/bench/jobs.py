@@ -7,6 +7,12 @@
 - ``seqread`` / ``randread`` / ``orderread``: read every file whole, in tree order / a seeded random
   order / the published order of a dlfs root among the roots (which also arms its read-ahead). The
   same relative sequence is used on every root, so each reads the same files in the same order.
+  These open files unbuffered, as ``dlfs.torch.pil_loader`` does.
+- ``shuffleload`` / ``orderload``: what an unmodified training job does, ``DataLoader(shuffle=True)``
+  / ``dlfs.torch.ShuffleSampler`` with torchvision's default loader: the seeded random order of
+  ``randread`` / the published order, each file read by a buffered ``open(path, 'rb')`` and
+  ``read()``. On Python < 3.14 that open asks ``isatty()``, an ioctl every FUSE filesystem
+  receives, once per file.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-JOBS = ("scan", "readdir", "stat", "seqread", "randread", "orderread")
-READ_JOBS = ("seqread", "randread", "orderread")
+JOBS = ("scan", "readdir", "stat", "seqread", "randread", "orderread", "shuffleload", "orderload")
+READ_JOBS = ("seqread", "randread", "orderread", "shuffleload", "orderload")
+#: The jobs that read a dlfs root's published order (and arm its read-ahead).
+ORDER_JOBS = ("orderread", "orderload")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -74,7 +82,7 @@ def job_items(job: str, tree: Tree, order: list[str] | None, seed: int) -> list[
         return tree.directories
     if job in ("stat", "seqread"):
         return tree.files
-    if job == "randread":
+    if job in ("randread", "shuffleload"):
         rng = np.random.default_rng(seed)
         return [tree.files[i] for i in rng.permutation(len(tree.files))]
     assert order is not None
@@ -105,10 +113,17 @@ def _do_read(root: str, item: str) -> int:
         return len(f.readall())
 
 
+def _do_load(root: str, item: str) -> int:
+    # torchvision's default loader: a buffered open (which asks isatty() before Python 3.14).
+    with open(os.path.join(root, item), "rb") as f:
+        return len(f.read())
+
+
 #: Per job, the work on one item; returns the bytes read.
 WORK: dict[str, Callable[[str, str], int]] = {
     "scan": _do_scan,
     "readdir": _do_readdir,
     "stat": _do_stat,
-    **dict.fromkeys(READ_JOBS, _do_read),
+    **dict.fromkeys(("seqread", "randread", "orderread"), _do_read),
+    **dict.fromkeys(("shuffleload", "orderload"), _do_load),
 }

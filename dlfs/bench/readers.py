@@ -1,8 +1,9 @@
 """The readers: N threads, or processes like DataLoader workers, each timing every item of its share.
 
-With N readers, reader k takes items k, k+N, ... of the sequence, so together they advance through
-it the way DataLoader workers do. Each reader's work is a pure loop over its share; all of them
-wait at one start line, so none is timed while the others are still starting.
+With N readers and batches of B items, reader k takes batches k, k+N, ... of the sequence (items
+k, k+N, ... for B = 1), so together they advance through it the way DataLoader workers do. Each
+reader's work is a pure loop over its share; all of them wait at one start line, so none is timed
+while the others are still starting.
 """
 
 from __future__ import annotations
@@ -66,8 +67,22 @@ def _meet(barrier: Any) -> None:
     barrier.wait(START_TIMEOUT)
 
 
+def reader_items(items: Sequence[str], reader: int, readers: int, batch: int = 1) -> list[str]:
+    """Reader ``reader``'s items: batches ``reader``, ``reader + readers``, ... of ``batch`` items."""
+    stride = readers * batch
+    return [
+        item for first in range(reader * batch, len(items), stride) for item in items[first : first + batch]
+    ]
+
+
 def run_readers(
-    job: str, root: str, items: Sequence[str], readers: int, processes: bool, arm: Callable[[], object]
+    job: str,
+    root: str,
+    items: Sequence[str],
+    readers: int,
+    processes: bool,
+    arm: Callable[[], object],
+    batch: int = 1,
 ) -> tuple[float, list[Share]]:
     """Run ``readers`` readers over ``items`` from one start line; (seconds, each reader's share).
 
@@ -81,7 +96,10 @@ def run_readers(
         barrier: Any = ctx.Barrier(readers + 1)
         pipes = [ctx.Pipe(duplex=False) for _ in range(readers)]
         workers: list[Any] = [
-            ctx.Process(target=_process_reader, args=(job, root, items[k::readers], barrier, pipes[k][1]))
+            ctx.Process(
+                target=_process_reader,
+                args=(job, root, reader_items(items, k, readers, batch), barrier, pipes[k][1]),
+            )
             for k in range(readers)
         ]
     else:
@@ -90,7 +108,13 @@ def run_readers(
         def thread_reader(k: int) -> None:
             try:
                 shares.append(
-                    _run_share(job, root, items[k::readers], lambda: _meet(barrier), resource.RUSAGE_THREAD)
+                    _run_share(
+                        job,
+                        root,
+                        reader_items(items, k, readers, batch),
+                        lambda: _meet(barrier),
+                        resource.RUSAGE_THREAD,
+                    )
                 )
             except BaseException as exc:
                 shares.append(exc)

@@ -55,7 +55,9 @@ def first_dlfs(roots: Sequence[Root]) -> Root:
     for root in roots:
         if is_dlfs_mount(root.path):
             return root
-    raise BenchError("orderread needs a dlfs mount among the roots: its published order is what is read")
+    raise BenchError(
+        "orderread and orderload need a dlfs mount among the roots: its published order is what is read"
+    )
 
 
 def published_order(roots: Sequence[Root], epoch: int) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from dlfs.bench.errors import BenchError
-from dlfs.bench.jobs import JOBS, Tree, job_items
+from dlfs.bench.jobs import JOBS, ORDER_JOBS, Tree, job_items
 from dlfs.bench.probes import block_devices, daemon_pid, disk_counters, proc_cpu, proc_rss
 from dlfs.bench.readers import run_readers
 from dlfs.bench.report import Result
@@ -34,6 +34,8 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 class Options:
     jobs: Sequence[str] = JOBS
     readers: int = 1
+    #: Items a reader takes at a time, as a DataLoader worker takes a batch.
+    batch: int = 1
     processes: bool = True
     cold: bool = False
     repeat: int = 1
@@ -66,12 +68,14 @@ def run_once(root: Root, job: str, items: Sequence[str], options: Options) -> di
     devices = block_devices(root.path, pid)
 
     def arm() -> None:  # re-arms a dlfs root's read-ahead, as the sampler does
-        if job == "orderread" and is_dlfs_mount(root.path):
+        if job in ORDER_JOBS and is_dlfs_mount(root.path):
             order_file(root, options.epoch).read_bytes()
 
     disk = disk_counters(devices)
     daemon_cpu = proc_cpu(pid) if pid else 0.0
-    seconds, shares = run_readers(job, root.path, items, options.readers, options.processes, arm)
+    seconds, shares = run_readers(
+        job, root.path, items, options.readers, options.processes, arm, options.batch
+    )
     disk = disk_counters(devices) - disk
     latencies = np.fromiter((x for s in shares for x in s.latencies), dtype=np.float64) * 1e6
     p50, p99, p999 = np.percentile(latencies, [50, 99, 99.9]) if latencies.size else (0.0, 0.0, 0.0)
@@ -109,17 +113,17 @@ def run(
     unknown = set(options.jobs) - set(JOBS)
     if unknown:
         raise BenchError(f"unknown job(s) {', '.join(sorted(unknown))}; choose from {', '.join(JOBS)}")
-    if options.readers < 1 or options.repeat < 1:
-        raise BenchError("--readers and --repeat must be at least 1")
+    if options.readers < 1 or options.repeat < 1 or options.batch < 1:
+        raise BenchError("--readers, --batch and --repeat must be at least 1")
     if options.cold:
         check_can_drop_caches()
     trees = {root.path: Tree.walk(root.path) for root in roots}
-    if "orderread" in options.jobs:
+    if set(ORDER_JOBS) & set(options.jobs):
         first_dlfs(roots)  # fail early when there is no order to follow, without arming anything
     order = None
     results = []
     for job in options.jobs:
-        if job == "orderread" and order is None:
+        if job in ORDER_JOBS and order is None:
             # Read only now: reading it arms a dlfs root's read-ahead, which must not work during
             # the jobs before this one.
             order = published_order(roots, options.epoch)

@@ -184,7 +184,7 @@ def test_peers_are_built_mounted_measured_and_unmounted(tree: Path, tmp_path: Pa
 
 
 def test_user_errors_are_one_line(tree: Path, tmp_path: Path) -> None:
-    assert_one_line_error(dlfs("bench", tree, "--job", "orderread", check=False), "needs a dlfs mount")
+    assert_one_line_error(dlfs("bench", tree, "--job", "orderread", check=False), "need a dlfs mount")
     assert_one_line_error(dlfs("bench", tmp_path / "nope", check=False), "not a directory")
     assert_one_line_error(dlfs("bench", tree, "--job", "scan,fly", check=False), "unknown job", "fly")
     empty = tmp_path / "empty"
@@ -347,3 +347,36 @@ def test_read_benchmark_reports_every_case(tmp_path: Path) -> None:
     assert len(progress) == len(results)
     assert all(re.search(r"files/s, +\d+ us CPU per file$", line) for line in progress), progress
     assert not is_mounted(tmp_path / "mnt")
+
+
+def test_batches_split_the_sequence_the_way_dataloader_workers_do() -> None:
+    items = [str(k) for k in range(10)]
+    assert [bench.readers.reader_items(items, k, 3) for k in range(3)] == [items[k::3] for k in range(3)]
+    shares = [bench.readers.reader_items(items, k, 2, batch=3) for k in range(2)]
+    assert shares == [["0", "1", "2", "6", "7", "8"], ["3", "4", "5", "9"]]
+
+
+def test_loader_jobs_open_files_the_way_torchvision_does(tree: Path, tmp_path: Path, mount: object) -> None:
+    """shuffleload and orderload open each file buffered, so each asks isatty(): one IOCTL per file,
+    which the mount's C threads answer."""
+    dataset = tmp_path / "dataset"
+    dlfs("pack", tree, dataset)
+    files = sum(1 for p in tree.rglob("*") if p.is_file())
+
+    def ioctls(mnt: Path) -> int:
+        return json.loads((mnt / ".dlfs" / "stats").read_bytes())["native"]["answered"].get("ioctl", 0)
+
+    with mount(dataset) as mnt:  # type: ignore[operator]
+        before = ioctls(mnt)
+        out = dlfs(
+            "bench", mnt, "--job", "shuffleload,orderload", "--readers", "3", "--batch", "4",
+            "--repeat", "1", "--json",
+        )  # fmt: skip
+        after = ioctls(mnt)
+    report = json.loads(out.stdout)
+    assert report["options"]["batch"] == 4
+    assert {r["job"]: r["median"]["bytes"] for r in report["results"]} == dict.fromkeys(
+        ("shuffleload", "orderload"), tree_bytes(tree)
+    )
+    # Besides: the bench's own reads of .dlfs/stats and the order file, a handful.
+    assert 2 * files <= after - before <= 2 * files + 10
