@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-report clean
+.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -78,11 +78,16 @@ bench-jobs: install $(JOBS_TREE)/generated-20000-100-jpeg
 bench-train: install
 	$(BIN)/python tools/bench_train.py --window 4096 64 --json > docs/bench-train.json
 
+# An unmodified training job (default loader, shuffle=True or the published order), fresh mounts:
+# native, squashfuse_ll, dlfs, dlfs with Python answering every request; warm and cold.
+bench-loader: install
+	$(BIN)/python tools/bench_loader.py --json > docs/bench-loader.json
+
 # docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
 bench-report: install
 	$(BIN)/python tools/bench_report.py
 
-bench: bench-scale bench-pack bench-read bench-jobs bench-train
+bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader
 	$(MAKE) bench-report
 
 clean:

@@ -342,6 +342,63 @@ def jobs(warm: Json | None, cold: Json | None) -> list[str]:
     return out
 
 
+LOADER_CASES = ("native", "squashfuse_ll", "dlfs", "dlfs, Python only")
+#: The request kinds whose daemon CPU the C threads report.
+LOADER_REQUESTS = ("lookup", "getattr", "read", "ioctl")
+
+
+def loader(data: Json | None) -> list[str]:
+    out = ["## What an unmodified training job reads (`make bench-loader`)", ""]
+    if not data:
+        return out + _missing("bench-loader", "bench-loader.json")
+    options = data["options"]
+    out += [
+        f"20,000 JPEGs read by {'/'.join(map(str, options['readers']))} loader processes in batches of "
+        f"{options['batch']}, through torchvision's default loader (buffered `open`, so an `isatty()` "
+        "ioctl per file): `shuffleload` is `shuffle=True` (no published order), `orderload` the "
+        "published order (`ShuffleSampler`), `orderread` the published order read unbuffered "
+        "(`dlfs.torch.pil_loader`). A fresh mount and an ImageFolder scan before every FUSE run; "
+        "*warm*: the image or shards in the page cache, *cold*: every cache dropped first. "
+        f"Files/s, medians of {options['repeat']}. *dlfs*: hot requests answered by the C threads "
+        "(the default); *dlfs, Python only*: `--native-threads 0`.",
+        "",
+    ]
+    rows = []
+    for key, by_case in data["results"].items():
+        fps = {case: by_case[case]["items_per_s"] for case in LOADER_CASES if case in by_case}
+        rows.append(
+            [
+                key,
+                *[_n(fps[c]) if c in fps else DASH for c in LOADER_CASES],
+                f"**{_ratio(fps.get('dlfs', 0), fps.get('squashfuse_ll', 0))}**",
+                _ratio(fps.get("dlfs", 0), fps.get("native", 0)),
+                _ratio(fps.get("dlfs", 0), fps.get("dlfs, Python only", 0)),
+            ]
+        )
+    out += _table(
+        ["job, temperature, readers", *LOADER_CASES, "dlfs / squashfuse_ll", "dlfs / native", "C / Python"],
+        rows,
+    )
+    cpu: dict[str, list[float]] = {}
+    for by_case in data["results"].values():
+        for native in by_case.get("dlfs", {}).get("native") or []:
+            for kind, us in (native or {}).get("cpu_us_per_request", {}).items():
+                cpu.setdefault(kind, []).append(us)
+    if cpu:
+        figures = [
+            f"{kind} {min(cpu[kind]):.1f}{DASH}{max(cpu[kind]):.1f} µs"
+            for kind in LOADER_REQUESTS
+            if kind in cpu
+        ]
+        out += [
+            "",
+            "CPU per request of the C threads, over every dlfs run above (from reading the request to "
+            "the reply written, `.dlfs/stats` `native.cpu_us_per_request`; READ includes reading and "
+            "checking the file): " + ", ".join(figures) + ".",
+        ]
+    return [*out, ""]
+
+
 def train(data: Json | None) -> list[str]:
     out = ["## One ImageFolder epoch from a slow disk (`make bench-train`)", ""]
     if not data:
@@ -388,6 +445,7 @@ TARGETS: list[tuple[str, str, str]] = [
         "`bench-jobs-warm.json`, `bench-jobs-cold.json` and their `.png` plots",
     ),
     ("bench-train", "`tools/bench_train.py --window 4096 64`", "`bench-train.json`"),
+    ("bench-loader", "`tools/bench_loader.py`", "`bench-loader.json`"),
     ("bench-report", "`tools/bench_report.py`", "`benchmarks.md` (this page)"),
 ]
 
@@ -409,6 +467,7 @@ def render() -> str:
         lambda: read(_load("bench-read.json")),
         lambda: jobs(_load("bench-jobs-warm.json"), _load("bench-jobs-cold.json")),
         lambda: train(_load("bench-train.json")),
+        lambda: loader(_load("bench-loader.json")),
     ]
     lines = [
         "# Benchmarks",
