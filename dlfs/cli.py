@@ -49,6 +49,11 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def parse_size_or_auto(text: str) -> int | None:
+    """``parse_size``, or None for 'auto' (the daemon decides)."""
+    return None if text.strip().lower() == "auto" else parse_size(text)
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -108,6 +113,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         prefetch_inflight=args.prefetch_inflight,
         readdirplus=args.readdirplus,
         native_threads=args.native_threads,
+        region_ahead=args.region_ahead,
     )
     if not args.foreground:
         started = time.monotonic()
@@ -312,6 +318,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.native_threads,
         help="threads answering lookups, attributes, reads, ioctls and statfs in C, without Python; "
         f"0: every request goes through Python (default: one per core, {d.native_threads} here)",
+    )
+    p.add_argument(
+        "--region-ahead",
+        type=parse_size_or_auto,
+        default="auto",
+        metavar="SIZE",
+        help="when a file read in C is not in memory, have the kernel read the whole SIZE-aligned "
+        "region of its shard into the page cache at once, so that reading in no published order "
+        "(shuffle=True) is not bound by the disk's IOPS; 0 turns it off (default auto: 4M when the "
+        "shards fit in half the machine's memory, else 0)",
     )
     p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")

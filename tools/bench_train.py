@@ -7,7 +7,9 @@ page cache dropped before each run, times ``tools/train_imagefolder.py`` on:
 
 - native: the tree on the slow disk, ``shuffle=True`` (what a training script does today);
 - dlfs block: a dlfs mount of the dataset on the same disk, ``--order block``, the dlfs sampler;
-- dlfs full: the same mount with the uniform shuffle, for comparison.
+- dlfs full: the same mount with the uniform shuffle, for comparison;
+- dlfs shuffle=True: the same mount read as the native tree is, with no published order, with the
+  region fetch of the C request threads (``--region-ahead``, on by default here) and without.
 
 The dlfs daemon runs inside the throttled cgroup too, so every byte it reads pays the same limit.
 """
@@ -86,6 +88,8 @@ def main() -> None:
                 for w in args.window
             },
             "dlfs --order full, ShuffleSampler": (["--order", "full"], "dlfs"),
+            "dlfs, shuffle=True": ([], "shuffle"),
+            "dlfs --region-ahead 0, shuffle=True": (["--region-ahead", "0"], "shuffle"),
         }
         for _ in range(args.repeat):
             for case, (flags, sampler) in cases.items():

@@ -141,12 +141,13 @@ def _native_server(
     if options.native_threads <= 0:
         log.info("native request server off (--native-threads 0): Python answers every request")
         return None
-    missing = native_server.available()
+    missing = native_server.available(index)
     if missing is not None:
         log.warning("native request server unavailable, Python answers every request: %s", missing)
         return None
-    return native_server.NativeServer.load(
-        index, reader, CONTROL_NAME, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK), STATFS_BLOCK
+    region = native_server.region_for(index, options.region_ahead)
+    return native_server.NativeServer(
+        index, reader, CONTROL_NAME, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK), STATFS_BLOCK, region
     )
 
 

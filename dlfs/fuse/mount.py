@@ -48,6 +48,9 @@ class MountOptions:
     readdirplus: str = "auto"
     #: Threads answering the hot requests in C (``dlfs.fuse.server``); 0: pyfuse3 answers all.
     native_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Bytes of shard the C threads have the kernel read around a file not in memory; None: the
+    #: daemon decides (``dlfs.fuse.server.region_for``).
+    region_ahead: int | None = None
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:

@@ -31,6 +31,13 @@ LIBRARY = Path(__file__).with_name("_server.so")
 OPCODES = 64
 #: How long ``close`` waits for the threads after the unmount.
 STOP_TIMEOUT_MS = 2000
+#: The region ``--region-ahead auto`` fetches around a file read from storage: ~36 ImageNet files,
+#: one request (see ``fetch_region`` in ``_server.c``).
+REGION = 4 << 20
+#: ``auto`` fetches regions only when the shards take at most this share of the machine's memory:
+#: beyond, a region would be evicted before the reader comes back for the rest of it.
+REGION_MEMORY_SHARE = 0.5
+
 #: The opcodes the stats name (include/uapi/linux/fuse.h); others are counted by number.
 OPCODE_NAMES = {
     1: "lookup", 2: "forget", 3: "getattr", 15: "read", 17: "statfs", 25: "flush", 26: "init",
@@ -54,6 +61,7 @@ class _Dataset(ctypes.Structure):
         ("statfs_blocks", ctypes.c_uint64),
         ("statfs_bsize", ctypes.c_uint32),
         ("control_name", ctypes.c_char * 32),
+        ("region", ctypes.c_uint64),
     ]
 
 
@@ -65,11 +73,23 @@ class _Counts(ctypes.Structure):
         ("cpu_ns", ctypes.c_uint64 * OPCODES),
         ("forwarded", ctypes.c_uint64 * OPCODES),
         ("read_bytes", ctypes.c_uint64),
+        ("regions", ctypes.c_uint64),
     ]
 
 
-def available() -> str | None:
-    """None when this process can run the server, else why not (for the mount's log)."""
+def region_for(index: Index, asked: int | None) -> int:
+    """The region to fetch around a file read from storage: ``asked``, or for None (auto) ``REGION``
+    when the shards fit in ``REGION_MEMORY_SHARE`` of this machine's memory, else 0."""
+    if asked is not None:
+        return asked
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return REGION if index.total_stored <= memory * REGION_MEMORY_SHARE else 0
+
+
+def available(index: Index) -> str | None:
+    """None when this process can serve ``index`` in C, else why not (for the mount's log)."""
+    if dirents.Columns.of(index) is None:
+        return "the index's columns are not in this host's byte order"
     if not LIBRARY.exists():
         return f"{LIBRARY.name} is not built (make install builds it)"
     if "custom_io" not in getattr(pyfuse3, "dlfs_features", ()):
@@ -89,7 +109,7 @@ class NativeServer:
         timeout: float,
         blksize: tuple[int, int],
         statfs_block: int,
-        columns: dirents.Columns,
+        region: int,
     ) -> None:
         self.index = index
         self._lib = ctypes.CDLL(str(LIBRARY))
@@ -99,6 +119,9 @@ class NativeServer:
         # Kept here: the C side holds pointers into these for the life of the mount.
         descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
         self._shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
+        columns = dirents.Columns.of(index)
+        if columns is None:
+            raise ValueError("index columns not in this host's byte order (see available())")
         self._columns = columns
         self._dataset = _Dataset(
             c=self._columns,
@@ -113,25 +136,9 @@ class NativeServer:
             statfs_blocks=-(-index.total_stored // statfs_block),
             statfs_bsize=statfs_block,
             control_name=control_name,
+            region=region,
         )
         self.threads = 0
-
-    @classmethod
-    def load(
-        cls,
-        index: Index,
-        reader: Reader,
-        control_name: bytes,
-        timeout: float,
-        blksize: tuple[int, int],
-        statfs_block: int,
-    ) -> NativeServer | None:
-        """The server, or None (and why, in the log) when the index is not in this host's order."""
-        columns = dirents.Columns.of(index)
-        if columns is None:
-            log.warning("index columns not in this host's byte order: Python answers every request")
-            return None
-        return cls(index, reader, control_name, timeout, blksize, statfs_block, columns)
 
     def start(self, threads: int) -> None:
         """Take the mounted session's requests: from here on pyfuse3 sees only what C hands it."""
@@ -144,7 +151,14 @@ class NativeServer:
         if started < 0:
             raise OSError(-started, f"cannot start the native request threads: {os.strerror(-started)}")
         self.threads = started
-        log.info("native request server: %d threads", started)
+        region = self._dataset.region
+        log.info(
+            "native request server: %d threads, %s",
+            started,
+            f"{region >> 10} KiB regions fetched around files read from storage"
+            if region
+            else "no region fetch",
+        )
 
     def watch_reads(self) -> None:
         """Hand every READ of a dataset file to Python: the read-ahead follows readers by them."""
@@ -168,6 +182,7 @@ class NativeServer:
             "forwarded": forwarded,
             "cpu_us_per_request": cpu,
             "read_bytes": c.read_bytes,
+            "regions_fetched": c.regions,
         }
 
     def session_ended(self) -> bool:

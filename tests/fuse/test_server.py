@@ -20,7 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import dlfs, flip_byte, is_mounted, payload_place, wait_until
+from conftest import dlfs, drop_from_memory, flip_byte, is_mounted, payload_place, wait_until, write
+
+from dlfs.core.libc import cached_pages
 
 #: Readers at once: more than the machine's cores and the mount's threads.
 READERS = 16
@@ -208,3 +210,32 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+@pytest.mark.parametrize("region", ["1M", "0"])
+def test_a_file_read_from_storage_brings_its_shard_region_into_memory(
+    on_disk: Path, mount, region: str
+) -> None:
+    """With no published order, a file the C threads read from storage makes the kernel read the
+    whole region of the shard around it, so its neighbours cost the disk no seek of their own."""
+    src = on_disk / "src"
+    for k in range(64):  # 64 files of 32 KiB, stored back to back: 2 MiB of shard
+        write(src / "cls" / f"{k:03d}.JPEG", bytes([k]) * (32 << 10))
+    dataset = on_disk / "dataset"
+    dlfs("pack", src, dataset)
+    shard = next(dataset.glob("*.shard"))
+    _, offset, _ = payload_place(dataset, "cls/010.JPEG")
+    with mount(dataset, "--region-ahead", region) as mnt:
+        drop_from_memory(shard)
+        assert (mnt / "cls" / "010.JPEG").read_bytes() == bytes([10]) * (32 << 10)
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            pages = cached_pages(fd, 1 << 20, offset // (1 << 20) * (1 << 20))
+        finally:
+            os.close(fd)
+        fetched = native_stats(mnt)["regions_fetched"]
+    assert pages is not None, "cachestat (Linux 6.5 or later) tells what is in memory"
+    if region == "0":
+        assert fetched == 0 and pages < 64  # the file's own pages (and the kernel's own read-ahead)
+    else:
+        assert fetched == 1 and pages == 256
