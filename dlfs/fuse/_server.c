@@ -377,8 +377,9 @@ static void forward(struct worker *w, uint8_t *request, size_t size) {
     if (in->unique) /* the reply names the thread whose descriptor it must go back through */
         in->unique = in->unique << THREAD_BITS | (uint64_t)w->number;
     struct forwarded *f = malloc(sizeof *f + size);
-    if (!f) { /* the kernel waits for an answer: give it one */
-        reply(w, in->unique >> THREAD_BITS, -ENOMEM, NULL, 0);
+    if (!f) { /* the kernel waits for an answer (FORGET, unique 0, waits for none): give it one */
+        if (in->unique)
+            reply(w, in->unique >> THREAD_BITS, -ENOMEM, NULL, 0);
         return;
     }
     f->next = NULL;
