@@ -345,6 +345,8 @@ def jobs(warm: Json | None, cold: Json | None) -> list[str]:
 LOADER_CASES = ("native", "squashfuse_ll", "dlfs", "dlfs, Python only")
 #: The request kinds whose daemon CPU the C threads report.
 LOADER_REQUESTS = ("lookup", "getattr", "read", "ioctl")
+#: A run's figure for a kind counts only when the run answered at least this many of that kind.
+LOADER_MIN_REQUESTS = 1000
 
 
 def loader(data: Json | None) -> list[str]:
@@ -383,7 +385,8 @@ def loader(data: Json | None) -> list[str]:
     for by_case in data["results"].values():
         for native in by_case.get("dlfs", {}).get("native") or []:
             for kind, us in (native or {}).get("cpu_us_per_request", {}).items():
-                cpu.setdefault(kind, []).append(us)
+                if native["answered"].get(kind, 0) >= LOADER_MIN_REQUESTS:
+                    cpu.setdefault(kind, []).append(us)
     if cpu:
         figures = [
             f"{kind} {min(cpu[kind]):.1f}{DASH}{max(cpu[kind]):.1f} µs"
@@ -392,9 +395,10 @@ def loader(data: Json | None) -> list[str]:
         ]
         out += [
             "",
-            "CPU per request of the C threads, over every dlfs run above (from reading the request to "
-            "the reply written, `.dlfs/stats` `native.cpu_us_per_request`; READ includes reading and "
-            "checking the file): " + ", ".join(figures) + ".",
+            "CPU per request of the C threads, over the dlfs runs above that answered at least "
+            f"{LOADER_MIN_REQUESTS:,} of a kind (from reading the request to the reply written, "
+            "`.dlfs/stats` `native.cpu_us_per_request`; READ includes reading and checking the file, "
+            "warm or cold): " + ", ".join(figures) + ".",
         ]
     return [*out, ""]
 
