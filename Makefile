@@ -82,6 +82,8 @@ bench-train: install
 # native, squashfuse_ll, dlfs, dlfs with Python answering every request; warm and cold.
 bench-loader: install
 	$(BIN)/python tools/bench_loader.py --json > docs/bench-loader.json
+	$(BIN)/python tools/bench_loader.py --jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1 \
+		--json > docs/bench-loader-scaling.json
 
 # docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
 bench-report: install

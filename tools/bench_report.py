@@ -349,11 +349,12 @@ LOADER_REQUESTS = ("lookup", "getattr", "read", "ioctl")
 LOADER_MIN_REQUESTS = 1000
 
 
-def loader(data: Json | None) -> list[str]:
+def loader(data: Json | None, scaling: Json | None) -> list[str]:
     out = ["## What an unmodified training job reads (`make bench-loader`)", ""]
     if not data:
         return out + _missing("bench-loader", "bench-loader.json")
     options = data["options"]
+    results = data["results"] | (scaling["results"] if scaling else {})
     out += [
         f"20,000 JPEGs read by {'/'.join(map(str, options['readers']))} loader processes in batches of "
         f"{options['batch']}, through torchvision's default loader (buffered `open`, so an `isatty()` "
@@ -365,8 +366,14 @@ def loader(data: Json | None) -> list[str]:
         "(the default); *dlfs, Python only*: `--native-threads 0`.",
         "",
     ]
+    if scaling:
+        out += [
+            f"Rows with {'/'.join(map(str, scaling['options']['readers']))} readers: one run each "
+            "(`bench-loader-scaling.json`), to show how far 2 cores carry each.",
+            "",
+        ]
     rows = []
-    for key, by_case in data["results"].items():
+    for key, by_case in results.items():
         fps = {case: by_case[case]["items_per_s"] for case in LOADER_CASES if case in by_case}
         rows.append(
             [
@@ -382,7 +389,7 @@ def loader(data: Json | None) -> list[str]:
         rows,
     )
     cpu: dict[str, list[float]] = {}
-    for by_case in data["results"].values():
+    for by_case in results.values():
         for native in by_case.get("dlfs", {}).get("native") or []:
             for kind, us in (native or {}).get("cpu_us_per_request", {}).items():
                 if native["answered"].get(kind, 0) >= LOADER_MIN_REQUESTS:
@@ -449,7 +456,11 @@ TARGETS: list[tuple[str, str, str]] = [
         "`bench-jobs-warm.json`, `bench-jobs-cold.json` and their `.png` plots",
     ),
     ("bench-train", "`tools/bench_train.py --window 4096 64`", "`bench-train.json`"),
-    ("bench-loader", "`tools/bench_loader.py`", "`bench-loader.json`"),
+    (
+        "bench-loader",
+        "`tools/bench_loader.py`, then `--jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1`",
+        "`bench-loader.json`, `bench-loader-scaling.json`",
+    ),
     ("bench-report", "`tools/bench_report.py`", "`benchmarks.md` (this page)"),
 ]
 
@@ -471,7 +482,7 @@ def render() -> str:
         lambda: read(_load("bench-read.json")),
         lambda: jobs(_load("bench-jobs-warm.json"), _load("bench-jobs-cold.json")),
         lambda: train(_load("bench-train.json")),
-        lambda: loader(_load("bench-loader.json")),
+        lambda: loader(_load("bench-loader.json"), _load("bench-loader-scaling.json")),
     ]
     lines = [
         "# Benchmarks",
