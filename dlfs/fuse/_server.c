@@ -6,8 +6,9 @@
  * `threads` threads each read requests from their own clone of the session's /dev/fuse descriptor
  * (FUSE_DEV_IOC_CLONE, as libfuse's multi-threaded loop does) and answer, from the index columns
  * and the shards, LOOKUP, GETATTR and READ of the dataset's entries, IOCTL (ENOTTY: no dataset
- * file is a terminal) and STATFS. Every other request (INIT, the .dlfs control tree, READDIR,
- * FORGET, files the read-ahead watches or that this loop does not read) goes to pyfuse3 unchanged:
+ * file is a terminal) and STATFS, and gather FORGETs for Python. Every other request (INIT, the
+ * .dlfs control tree, READDIR, files the read-ahead watches or that this loop does not read) goes
+ * to pyfuse3 unchanged:
  * libfuse reads it through the fuse_custom_io below, from a queue this loop fills, and its reply
  * goes back to the descriptor the request came from (a reply on another clone is refused).
  *
@@ -102,7 +103,13 @@ struct slot {
     uint8_t *data;
 };
 
+/* FORGETs gathered for Python, handed over as one BATCH_FORGET (see gather_forgets). */
+static struct fuse_forget_one *forgets;
+static size_t forgets_held, forgets_room;
+static int forgets_signalled; /* a wake-up for them is outstanding */
+
 static struct dataset ds;
+static void wake_python(void);
 static struct worker workers[MAX_THREADS];
 static int n_workers;
 static atomic_int running;
@@ -343,6 +350,53 @@ static int do_read(struct worker *w, const struct fuse_in_header *in, const stru
     return 1;
 }
 
+/* FORGET and BATCH_FORGET: the kernel dropped inodes. Python keeps what the read-ahead knows the
+ * kernel holds, and needs them, but not one by one: the C threads read as soon as the kernel queues
+ * a forget, so an eviction of a million inodes (drop_caches, memory pressure) came as ~900k single
+ * FORGETs and ~300k small batches, and Python handled each as a request (a cold `find` of 1.28 M
+ * files: 12.8 s instead of 1.1 s). They are gathered here and handed to Python as one BATCH_FORGET
+ * whenever it next reads (python_read), however many arrived meanwhile. No reply is due. */
+static int gather_forgets(const struct fuse_in_header *in, const uint8_t *body, size_t size) {
+    const struct fuse_forget_one *list;
+    struct fuse_forget_one single;
+    size_t count;
+    if (in->opcode == FUSE_FORGET) {
+        if (size < sizeof(struct fuse_forget_in))
+            return 1;
+        single.nodeid = in->nodeid;
+        single.nlookup = ((const struct fuse_forget_in *)body)->nlookup;
+        list = &single;
+        count = 1;
+    } else {
+        if (size < sizeof(struct fuse_batch_forget_in))
+            return 1;
+        count = ((const struct fuse_batch_forget_in *)body)->count;
+        size_t most = (size - sizeof(struct fuse_batch_forget_in)) / sizeof(struct fuse_forget_one);
+        count = count < most ? count : most;
+        list = (const struct fuse_forget_one *)(body + sizeof(struct fuse_batch_forget_in));
+    }
+    pthread_mutex_lock(&queue_lock);
+    int wake = 0;
+    if (forgets_held + count > forgets_room) {
+        size_t room = (forgets_held + count) * 2;
+        struct fuse_forget_one *bigger = realloc(forgets, room * sizeof *forgets);
+        if (!bigger) { /* Python misses these: a folder listed once more later, never wrong data */
+            pthread_mutex_unlock(&queue_lock);
+            return 1;
+        }
+        forgets = bigger;
+        forgets_room = room;
+    }
+    memcpy(forgets + forgets_held, list, count * sizeof *list);
+    forgets_held += count;
+    if (!forgets_signalled)
+        wake = forgets_signalled = 1;
+    pthread_mutex_unlock(&queue_lock);
+    if (wake)
+        wake_python();
+    return 1;
+}
+
 /* Answer the request, or return 0 to hand it to Python. */
 static int handle(struct worker *w, const struct fuse_in_header *in, const uint8_t *body, size_t size) {
     switch (in->opcode) {
@@ -359,6 +413,9 @@ static int handle(struct worker *w, const struct fuse_in_header *in, const uint8
         return do_statfs(w, in);
     case FUSE_INTERRUPT: /* no reply is due; the interrupted request is answered as it would be */
         return 1;
+    case FUSE_FORGET:
+    case FUSE_BATCH_FORGET:
+        return gather_forgets(in, body, size);
     default:
         return 0;
     }
@@ -421,6 +478,26 @@ static void *serve(void *arg) {
     return NULL;
 }
 
+/* The gathered forgets as one BATCH_FORGET in buffer (as many as fit; the rest on the next read).
+ * Called with queue_lock held. */
+static ssize_t hand_over_forgets(void *buffer, size_t size) {
+    size_t head = sizeof(struct fuse_in_header) + sizeof(struct fuse_batch_forget_in);
+    size_t count = (size - head) / sizeof(struct fuse_forget_one);
+    count = count < forgets_held ? count : forgets_held;
+    struct fuse_in_header in = {.len = (uint32_t)(head + count * sizeof *forgets), .opcode = FUSE_BATCH_FORGET};
+    struct fuse_batch_forget_in batch = {.count = (uint32_t)count};
+    memcpy(buffer, &in, sizeof in);
+    memcpy((uint8_t *)buffer + sizeof in, &batch, sizeof batch);
+    memcpy((uint8_t *)buffer + head, forgets, count * sizeof *forgets);
+    forgets_held -= count;
+    memmove(forgets, forgets + count, forgets_held * sizeof *forgets);
+    if (forgets_held)
+        wake_python(); /* for the rest */
+    else
+        forgets_signalled = 0;
+    return (ssize_t)in.len;
+}
+
 /* libfuse's side (fuse_custom_io): called from pyfuse3's thread. */
 static ssize_t python_read(int fd, void *buffer, size_t size, void *userdata) {
     (void)fd;
@@ -431,6 +508,11 @@ static ssize_t python_read(int fd, void *buffer, size_t size, void *userdata) {
         return -1;
     }
     pthread_mutex_lock(&queue_lock);
+    if (forgets_held) {
+        ssize_t n = hand_over_forgets(buffer, size);
+        pthread_mutex_unlock(&queue_lock);
+        return n;
+    }
     struct forwarded *f = queue_head;
     if (f && !(queue_head = f->next))
         queue_tail = NULL;

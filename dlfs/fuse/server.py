@@ -6,7 +6,7 @@ loader that follows no published order sends three per image: a LOOKUP, the IOCT
 threads (clones of the session's descriptor) and answers LOOKUP, GETATTR and READ of the dataset's
 entries, IOCTL and STATFS from the index columns and the shards, never entering the interpreter;
 everything else reaches pyfuse3 unchanged through libfuse's custom I/O (``pyfuse3.custom_io``), so
-the control tree, listings, FORGET bookkeeping and the read-ahead stay in Python. What goes where
+the control tree, listings and the read-ahead stay in Python (FORGETs reach it gathered, in batches). What goes where
 and why is in docs/design.md.
 """
 

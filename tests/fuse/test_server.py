@@ -239,3 +239,22 @@ def test_a_file_read_from_storage_brings_its_shard_region_into_memory(
         assert fetched == 0 and pages < 64  # the file's own pages (and the kernel's own read-ahead)
     else:
         assert fetched == 1 and pages == 256
+
+
+def test_forgets_reach_python_gathered(odd_tree: Path, packed: Path, mount) -> None:
+    """The kernel forgets inodes one by one as it evicts them; the C threads gather them and hand
+    Python a few batches, not a request per inode, and Python still learns every one."""
+    files = files_under(odd_tree)
+    with mount(packed) as mnt:
+        for p in files:
+            os.lstat(mnt / p)  # the kernel learns an inode per file
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # and forgets them
+        assert wait_until(
+            lambda: (
+                json.loads((mnt / ".dlfs" / "stats").read_bytes())["requests"].get("forget", 0) >= len(files)
+            )
+        )
+        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+    answered = stats["native"]["answered"]
+    assert answered.get("forget", 0) + answered.get("batch_forget", 0) > 0
+    assert "forget" not in stats["native"]["forwarded"] and "batch_forget" not in stats["native"]["forwarded"]
