@@ -8,9 +8,9 @@
  * and the shards, LOOKUP, GETATTR and READ of the dataset's entries, IOCTL (ENOTTY: no dataset
  * file is a terminal) and STATFS, and gather FORGETs for Python. Every other request (INIT, the
  * .dlfs control tree, READDIR, files the read-ahead watches or that this loop does not read) goes
- * to pyfuse3 unchanged:
- * libfuse reads it through the fuse_custom_io below, from a queue this loop fills, and its reply
- * goes back to the descriptor the request came from (a reply on another clone is refused).
+ * to pyfuse3 unchanged: libfuse reads it through the fuse_custom_io below, from a queue this loop
+ * fills, and its reply goes back to the descriptor the request came from (a reply on another
+ * clone is refused).
  *
  * A READ returns bytes only after the whole file matched its xxh3-64; a file that does not (or a
  * failed read) goes to Python, which answers EIO and logs it, once. dlfs/fuse/server.py is the only

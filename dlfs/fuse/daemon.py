@@ -116,7 +116,10 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     log_pyfuse3_features(log)
     _serve_first()  # before the native threads start: they inherit the priority
     if native is not None:
-        native.start(options.native_threads)
+        try:
+            native.start(options.native_threads)
+        except OSError as exc:
+            log.warning("%s: Python answers every request", exc)
     clean = False
     try:
         try:

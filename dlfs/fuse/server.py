@@ -6,8 +6,8 @@ loader that follows no published order sends three per image: a LOOKUP, the IOCT
 threads (clones of the session's descriptor) and answers LOOKUP, GETATTR and READ of the dataset's
 entries, IOCTL and STATFS from the index columns and the shards, never entering the interpreter;
 everything else reaches pyfuse3 unchanged through libfuse's custom I/O (``pyfuse3.custom_io``), so
-the control tree, listings and the read-ahead stay in Python (FORGETs reach it gathered, in batches). What goes where
-and why is in docs/design.md.
+the control tree, listings and the read-ahead stay in Python, which gets FORGETs gathered into
+batches. What goes where, and why, is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -145,12 +145,13 @@ class NativeServer:
         wait_fd = self._lib.dlfs_server_prepare(ctypes.byref(self._dataset))
         if wait_fd < 0:
             raise OSError(-wait_fd, os.strerror(-wait_fd))
-        device = pyfuse3.dev_fuse_fd()
-        pyfuse3.custom_io(self._lib.dlfs_server_io(), wait_fd)
-        started = self._lib.dlfs_server_start(device, threads)
+        # Threads first: if none starts, pyfuse3 keeps reading the device itself and nothing is lost.
+        # Requests they read before pyfuse3's loop runs wait in the queue for it.
+        started = self._lib.dlfs_server_start(pyfuse3.dev_fuse_fd(), threads)
         if started < 0:
             raise OSError(-started, f"cannot start the native request threads: {os.strerror(-started)}")
         self.threads = started
+        pyfuse3.custom_io(self._lib.dlfs_server_io(), wait_fd)
         region = self._dataset.region
         log.info(
             "native request server: %d threads, %s",
