@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/_pagecache.h"
 #include "_entry.h"
 
 #include <xxhash.h>
@@ -55,8 +56,6 @@
  * whole in one of these slots between them: a 500 KB image is read and checked once, not four
  * times. Bound: SLOTS * FILE_LIMIT bytes. */
 #define SLOTS 16
-/* cachestat's number in the generic syscall table, the same on every architecture. */
-#define SYS_CACHESTAT 451
 /* Opcodes counted one by one (FUSE_STATX is 52); the rest share the last counter. */
 #define OPCODES 64
 /* The index's flag for an lz4-compressed payload (dlfs/core/format.py FLAG_LZ4). */
@@ -247,23 +246,6 @@ static int grow(uint8_t **buffer, size_t *size, size_t need) {
     return 1;
 }
 
-/* Is every page of the range in the page cache? 1 yes, 0 no, -1 cannot tell (no cachestat before
- * Linux 6.5). Asking starts no read. */
-static int cached(int fd, uint64_t off, uint64_t len) {
-    struct {
-        uint64_t off, len;
-    } range = {off, len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-    } stat;
-    if (len == 0)
-        return 1;
-    if (syscall(SYS_CACHESTAT, fd, &range, &stat, 0) != 0)
-        return -1;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    return stat.nr_cache >= (off + len - 1) / page - off / page + 1;
-}
-
 /* Before a file is read from storage, have the kernel read the whole aligned region of the shard
  * around it into the page cache, in one request: with no published order (shuffle=True) each file
  * would otherwise cost the disk one seek, and on a disk bound by its IOPS a uniformly shuffled epoch
@@ -272,7 +254,7 @@ static int cached(int fd, uint64_t off, uint64_t len) {
  * and the mount turns this off when the shards do not fit in half the machine's memory, where a
  * region would be evicted before the reader came back to it. */
 static void fetch_region(struct worker *w, int fd, uint64_t off, uint64_t len) {
-    if (!ds.region || cached(fd, off, len) != 0)
+    if (!ds.region || cached(fd, (int64_t)off, (int64_t)len) != 0)
         return;
     uint64_t start = off / ds.region * ds.region, end = (off + len + ds.region - 1) / ds.region * ds.region;
     if (posix_fadvise(fd, (off_t)start, (off_t)(end - start), POSIX_FADV_WILLNEED) == 0)

@@ -17,6 +17,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../core/_pagecache.h"
+
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
 /* libxxhash picks the widest vector unit at run time (AVX2, AVX-512): 4x the default SSE2 here. */
@@ -30,8 +32,6 @@
 #define ALIGN 4096
 /* Direct reads in flight per call. */
 #define DEPTH 64
-/* cachestat's number in the generic syscall table, the same on every architecture. */
-#define SYS_CACHESTAT 451
 
 /* Read len bytes at off. nowait: only what is in the page cache, or -EAGAIN. Returns bytes read
  * (fewer only at the end of the file) or -errno. */
@@ -53,22 +53,6 @@ static int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, int nowa
     return got;
 }
 
-/* Is every page of the range in the page cache? 1 yes, 0 no, -1 cannot tell (a kernel before 6.5
- * has no cachestat). Unlike a read that must not wait, asking starts no read. */
-static int cached(int fd, int64_t off, int64_t len) {
-    struct {
-        uint64_t off, len;
-    } range = {(uint64_t)off, (uint64_t)len};
-    struct {
-        uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
-    } stat;
-    if (len == 0)
-        return 1;
-    if (syscall(SYS_CACHESTAT, fd, &range, &stat, 0) != 0)
-        return -1;
-    int64_t page = sysconf(_SC_PAGESIZE);
-    return (int64_t)stat.nr_cache >= (off + len - 1) / page - off / page + 1;
-}
 
 /* Store the whole of a file as the page cache of inode nodeid: one FUSE_NOTIFY_STORE message. */
 static int push(int fuse_fd, uint64_t nodeid, const uint8_t *data, uint32_t len) {

@@ -96,7 +96,7 @@ def _c_define(source: str, name: str) -> int:
     ("source", "name", "value"),
     [
         ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
-        ("readahead/_push.c", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
+        ("core/_pagecache.h", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
         ("fuse/_entry.h", "BLOCK", libc.STAT_BLOCK),
     ],
 )
