@@ -24,11 +24,13 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 dlfs/readahead/_push.so: dlfs/readahead/_push.c dlfs/core/_pagecache.h $(STAMP)
 	$(SHARED) -o $@ $< -lxxhash -lpthread
 
-dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c dlfs/fuse/_entry.h $(STAMP)
+dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h $(STAMP)
 	$(SHARED) -o $@ $<
 
-dlfs/fuse/_server.so: dlfs/fuse/_server.c dlfs/fuse/_entry.h dlfs/core/_pagecache.h $(STAMP)
-	$(SHARED) $$(pkg-config --cflags fuse3) -o $@ $< -lxxhash -llz4 -lpthread
+# The server encodes listings with the same loop, linked in.
+dlfs/fuse/_server.so: dlfs/fuse/_server.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
+		dlfs/core/_pagecache.h $(STAMP)
+	$(SHARED) $$(pkg-config --cflags fuse3) -o $@ dlfs/fuse/_server.c dlfs/fuse/_dirents.c -lxxhash -llz4 -lpthread
 
 test: install
 	$(BIN)/ruff check dlfs tests tools

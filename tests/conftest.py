@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -229,6 +230,14 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., object]]:
         return mounted(dataset, tmp_path / f"mnt{next(counter)}", *extra, log_file=log_file)
 
     yield factory
+
+
+def listing_requests(mnt: Path) -> int:
+    """READDIR and READDIRPLUS requests the mount answered so far: in Python (``requests``) and in
+    the native request server's C threads (``native``)."""
+    stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+    native = (stats.get("native") or {}).get("answered", {})
+    return stats["requests"].get("readdir", 0) + native.get("readdir", 0) + native.get("readdirplus", 0)
 
 
 def payload_place(dataset: Path, relpath: str) -> tuple[Path, int, int]:

@@ -5,14 +5,7 @@
  * waits for in the daemon. This loop writes the same bytes at a few nanoseconds per entry.
  * dlfs/dirents.py is its only caller (through ctypes); build: `make install`.
  */
-#include "_entry.h"
-
-/* What a record carries besides name, inode and type (Attributes in dlfs/dirents.py). */
-enum attrs { ATTRS_NONE, ATTRS_ALL, ATTRS_DIRS };
-
-static uint32_t record_size(uint32_t head, uint64_t namelen) {
-    return (uint32_t)((head + namelen + 7) & ~(uint64_t)7); /* FUSE_DIRENT_ALIGN */
-}
+#include "_dirents.h"
 
 /* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as
  * many as fit whole in space bytes of out; row first + k says the listing goes on at offset

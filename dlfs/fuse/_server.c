@@ -5,12 +5,13 @@
  * isatty) and a READ per image, and the daemon caps the node whatever its core count. Here
  * `threads` threads each read requests from their own clone of the session's /dev/fuse descriptor
  * (FUSE_DEV_IOC_CLONE, as libfuse's multi-threaded loop does) and answer, from the index columns
- * and the shards, LOOKUP, GETATTR and READ of the dataset's entries, IOCTL (ENOTTY: no dataset
- * file is a terminal) and STATFS, and gather FORGETs for Python. Every other request (INIT, the
- * .dlfs control tree, READDIR, files the read-ahead watches or that this loop does not read) goes
- * to pyfuse3 unchanged: libfuse reads it through the fuse_custom_io below, from a queue this loop
- * fills, and its reply goes back to the descriptor the request came from (a reply on another
- * clone is refused).
+ * and the shards, LOOKUP, GETATTR and READ of the dataset's entries, listings that give files no
+ * attributes, IOCTL (ENOTTY: no dataset file is a terminal) and STATFS, and gather FORGETs for
+ * Python. Every other request (INIT, the .dlfs control tree, listings with every entry's
+ * attributes, files the read-ahead watches or that this loop does not read) goes to pyfuse3
+ * unchanged: libfuse reads it through the fuse_custom_io below, from a queue this loop fills, and
+ * its reply goes back to the descriptor the request came from (a reply on another clone is
+ * refused).
  *
  * A READ returns bytes only after the whole file matched its xxh3-64; a file that does not (or a
  * failed read) goes to Python, which answers EIO and logs it, once. dlfs/fuse/server.py is the only
@@ -33,7 +34,7 @@
 #include <unistd.h>
 
 #include "../core/_pagecache.h"
-#include "_entry.h"
+#include "_dirents.h"
 
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -74,6 +75,8 @@ struct dataset {
     uint32_t statfs_bsize;
     char control_name[32]; /* the root's hidden control folder, answered by Python */
     uint64_t region;       /* bytes of shard fetched around a file read from storage (0: none) */
+    const uint8_t *wanted; /* per row: 1 for a folder whose listings must give every entry attributes */
+    uint32_t readdirplus_auto; /* the mount asked the kernel for READDIRPLUS_AUTO */
 };
 
 struct counts {
@@ -84,8 +87,10 @@ struct worker {
     int fd, number;
     pthread_t thread;
     uint8_t *request;
-    uint8_t *stored, *plain; /* a file as stored, and decompressed */
-    size_t stored_size, plain_size;
+    uint8_t *stored, *plain, *listing; /* a file as stored, decompressed; a listing's reply */
+    size_t stored_size, plain_size, listing_size;
+    int64_t *nlink; /* link counts of a listing's rows */
+    size_t nlink_size;
     struct counts counts;
 };
 
@@ -101,6 +106,11 @@ struct slot {
     uint64_t size, capacity;
     uint8_t *data;
 };
+
+/* Folders whose listing began here without attributes for their files, for Python's lister
+ * (dlfs_server_take_scanned). */
+static uint64_t *scanned;
+static size_t scanned_held, scanned_room;
 
 /* FORGETs gathered for Python, handed over as one BATCH_FORGET (see gather_forgets). */
 static struct fuse_forget_one *forgets;
@@ -332,6 +342,83 @@ static int do_read(struct worker *w, const struct fuse_in_header *in, const stru
     return 1;
 }
 
+/* Listings: READDIR, and READDIRPLUS where the mount runs READDIRPLUS_AUTO and the folder is not
+ * one the read-ahead is listing for its inodes (ds.wanted). Those give files no attributes and
+ * folders theirs (ATTRS_DIRS), as dlfs.fuse.operations does; the others (every entry with
+ * attributes, which the daemon's record of what the kernel knows must see) go to Python. Position
+ * 0 is '.', 1 is '..', p >= 2 the folder's child p - 2, and each record names the next position. */
+static uint32_t dot_record(uint8_t *out, size_t space, uint64_t inode, uint64_t next, uint32_t len,
+                           int plus) {
+    uint32_t head = (uint32_t)(sizeof(struct fuse_dirent) + (plus ? sizeof(struct fuse_entry_out) : 0));
+    uint32_t size = record_size(head, len);
+    if (size > space)
+        return 0;
+    memset(out, 0, size); /* a zero entry: the kernel takes no attributes from '.' and '..' */
+    struct fuse_dirent *d = (struct fuse_dirent *)(out + head - sizeof(struct fuse_dirent));
+    d->ino = inode;
+    d->off = next;
+    d->namelen = len;
+    d->type = S_IFDIR >> 12;
+    memcpy(d->name, "..", len);
+    return size;
+}
+
+static void note_scanned(uint64_t row) {
+    pthread_mutex_lock(&queue_lock);
+    if (scanned_held == scanned_room) {
+        size_t room = scanned_room ? scanned_room * 2 : 256;
+        uint64_t *bigger = realloc(scanned, room * sizeof *scanned);
+        if (!bigger) { /* the lister misses a scan: the tree is relisted later, or not at all */
+            pthread_mutex_unlock(&queue_lock);
+            return;
+        }
+        scanned = bigger;
+        scanned_room = room;
+    }
+    scanned[scanned_held++] = row;
+    pthread_mutex_unlock(&queue_lock);
+}
+
+static int do_readdir(struct worker *w, const struct fuse_in_header *in, const struct fuse_read_in *r, int plus) {
+    if (!is_dataset(in->nodeid))
+        return 0;
+    uint64_t row = in->nodeid - 1;
+    if (!S_ISDIR(ds.c.mode[row]) || (plus && (!ds.readdirplus_auto || ds.wanted[row])))
+        return 0;
+    int attrs = plus ? ATTRS_DIRS : ATTRS_NONE;
+    if (!grow(&w->listing, &w->listing_size, r->size ? r->size : 1))
+        return 0;
+    uint64_t start, stop, position = r->offset;
+    children(row, &start, &stop);
+    size_t at = 0, space = r->size;
+    for (; position < 2; position++) {
+        uint64_t target = position ? (uint64_t)ds.parent[row] : row;
+        uint32_t size = dot_record(w->listing + at, space - at, target + ds.r.inode_base, position + 1,
+                                   (uint32_t)position + 1, plus);
+        if (!size)
+            break;
+        at += size;
+    }
+    if (position >= 2 && start + position - 2 < stop) {
+        uint64_t first = start + position - 2;
+        size_t head = sizeof(struct fuse_dirent) + (plus ? sizeof(struct fuse_entry_out) : 0);
+        size_t n = (space - at) / (head + 8) + 1; /* more rows than this cannot fit */
+        n = n < stop - first ? n : stop - first;
+        if (!grow((uint8_t **)&w->nlink, &w->nlink_size, n * sizeof *w->nlink))
+            return 0;
+        for (size_t k = 0; k < n; k++)
+            w->nlink[k] = attrs == ATTRS_DIRS ? nlink(first + k) : 1;
+        int64_t used = 0;
+        dlfs_encode_dirents(w->listing + at, (int64_t)(space - at), (int64_t)first, (int64_t)(first + n), position + 1,
+                            attrs, &ds.c, &ds.r, w->nlink, &used);
+        at += (size_t)used;
+    }
+    reply(w, in->unique, 0, w->listing, at);
+    if (r->offset == 0 && stop > start)
+        note_scanned(row);
+    return 1;
+}
+
 /* FORGET and BATCH_FORGET: the kernel dropped inodes. Python keeps what the read-ahead knows the
  * kernel holds, and needs them, but not one by one: the C threads read as soon as the kernel queues
  * a forget, so an eviction of a million inodes (drop_caches, memory pressure) came as ~900k single
@@ -395,6 +482,10 @@ static int handle(struct worker *w, const struct fuse_in_header *in, const uint8
         return do_statfs(w, in);
     case FUSE_INTERRUPT: /* no reply is due; the interrupted request is answered as it would be */
         return 1;
+    case FUSE_READDIR:
+    case FUSE_READDIRPLUS:
+        return size >= sizeof(struct fuse_read_in) &&
+               do_readdir(w, in, (const struct fuse_read_in *)body, in->opcode == FUSE_READDIRPLUS);
     case FUSE_FORGET:
     case FUSE_BATCH_FORGET:
         return gather_forgets(in, body, size);
@@ -594,6 +685,27 @@ int dlfs_server_start(int session_fd, int threads) {
  * read-ahead follows a reader by the READs it sees. */
 void dlfs_server_watch_reads(int on) { atomic_store(&watch_reads, on); }
 
+/* Take up to room folders whose listing began in C without attributes for their files (Python's
+ * lister counts them: a scan of the whole tree is relisted with attributes, for the read-ahead).
+ * Returns how many. */
+int64_t dlfs_server_take_scanned(uint64_t *out, int64_t room) {
+    pthread_mutex_lock(&queue_lock);
+    size_t n = scanned_held < (size_t)room ? scanned_held : (size_t)room;
+    memcpy(out, scanned, n * sizeof *out);
+    scanned_held -= n;
+    memmove(scanned, scanned + n, scanned_held * sizeof *scanned);
+    pthread_mutex_unlock(&queue_lock);
+    return (int64_t)n;
+}
+
+/* Folders listed in C not yet taken by dlfs_server_take_scanned. */
+int64_t dlfs_server_scans_pending(void) {
+    pthread_mutex_lock(&queue_lock);
+    size_t n = scanned_held;
+    pthread_mutex_unlock(&queue_lock);
+    return (int64_t)n;
+}
+
 /* Whether any thread still serves: none once the kernel ended the session (an unmount from outside). */
 int dlfs_server_running(void) { return atomic_load(&running) > 0; }
 
@@ -637,6 +749,8 @@ int dlfs_server_stop(int timeout_ms) {
         free(w->request);
         free(w->stored);
         free(w->plain);
+        free(w->listing);
+        free(w->nlink);
         w->request = NULL;
     }
     return left;

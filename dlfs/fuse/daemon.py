@@ -40,13 +40,30 @@ log = logging.getLogger(__name__)
 DAEMON_NICE = -10
 
 
-async def _serve(prefetcher: Prefetcher | None) -> None:
+#: How often the folders the C threads listed are passed to the lister (background work: a scan of
+#: the whole tree is relisted with attributes for the read-ahead).
+SCANS_EVERY = 0.05
+
+
+async def _serve(
+    prefetcher: Prefetcher | None, native: native_server.NativeServer | None, lister: FolderLister
+) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
         if prefetcher is not None:
             nursery.start_soon(prefetcher.run)
+        if native is not None and native.threads:
+            nursery.start_soon(_relay_scans, native, lister)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+async def _relay_scans(native: native_server.NativeServer, lister: FolderLister) -> None:
+    """Listings the C threads answered without attributes reach the lister as the Python ones do."""
+    while True:
+        for folder in native.take_scanned():
+            lister.scanned(folder)
+        await trio.sleep(SCANS_EVERY)
 
 
 async def _terminate_on_signal() -> None:
@@ -95,11 +112,12 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
             "native": native.counts() if native is not None else None,
             "listed_folders": lister.listed,
-            "listing_folders": lister.pending,
+            # Listings the C threads answered count until the lister has taken them (_relay_scans).
+            "listing_folders": lister.pending + (native.scans_pending() if native is not None else 0),
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 
-    native = _native_server(index, reader, options)
+    native = _native_server(index, reader, known, options)
     control = ControlTree(index, spec, stats)
     operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests, native)
     operations.readdirplus_auto = options.readdirplus == "auto"
@@ -127,7 +145,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
-            trio.run(_serve, prefetcher)
+            trio.run(_serve, prefetcher, native, lister)
         clean = True
     finally:
         pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
@@ -138,7 +156,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
 
 
 def _native_server(
-    index: Index, reader: TrioReader, options: MountOptions
+    index: Index, reader: TrioReader, known: KernelKnowledge, options: MountOptions
 ) -> native_server.NativeServer | None:
     """The C threads for the hot requests, unless turned off or not built (said in the log)."""
     if options.native_threads <= 0:
@@ -150,7 +168,15 @@ def _native_server(
         return None
     region = native_server.region_for(index, options.region_ahead)
     return native_server.NativeServer(
-        index, reader, CONTROL_NAME, CACHE_TIMEOUT, (STATFS_BLOCK, LISTING_BLOCK), STATFS_BLOCK, region
+        index,
+        reader,
+        CONTROL_NAME,
+        CACHE_TIMEOUT,
+        (STATFS_BLOCK, LISTING_BLOCK),
+        STATFS_BLOCK,
+        region,
+        known,
+        options.readdirplus == "auto",
     )
 
 

@@ -28,7 +28,9 @@ class KernelKnowledge:
     def __init__(self, index: Index) -> None:
         self.index = index
         self._listed = np.zeros(index.count, dtype=bool)
-        self._attributes_wanted: set[int] = set()
+        #: 1 for the folders ``want_attributes`` marked; a byte per row, so that the native request
+        #: server's C threads read it too (they hand such listings to Python).
+        self.wanted = np.zeros(index.count, dtype=np.uint8)
         self.attribute_listings: Counter[int] = Counter()
 
     def listed(self, rows: range) -> None:
@@ -43,10 +45,10 @@ class KernelKnowledge:
         """Listings of this folder give every entry its attributes, in any mode, until the kernel
         forgets some of its entries: the read-ahead lists it so that the kernel learns the files it
         is about to push."""
-        self._attributes_wanted.add(folder)
+        self.wanted[folder] = 1
 
     def wants_attributes(self, folder: int) -> bool:
-        return folder in self._attributes_wanted
+        return bool(self.wanted[folder])
 
     def folders_to_list(self, rows: np.ndarray) -> np.ndarray:
         """The folders of those ``rows`` the kernel may not know: never listed, or forgotten since."""
@@ -64,5 +66,5 @@ class KernelKnowledge:
         if not rows.size:
             return []
         folders: list[int] = np.unique(self.index.parent[rows]).tolist()
-        self._attributes_wanted.difference_update(folders)
+        self.wanted[folders] = 0
         return folders

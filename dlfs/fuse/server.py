@@ -4,10 +4,11 @@ Every request pyfuse3 answers waits for one Python thread (50-650 µs each), and
 loader that follows no published order sends three per image: a LOOKUP, the IOCTL of Python's
 ``open()`` (isatty) and a READ. ``_server.c`` reads all requests from ``/dev/fuse`` on ``threads``
 threads (clones of the session's descriptor) and answers LOOKUP, GETATTR and READ of the dataset's
-entries, IOCTL and STATFS from the index columns and the shards, never entering the interpreter;
-everything else reaches pyfuse3 unchanged through libfuse's custom I/O (``pyfuse3.custom_io``), so
-the control tree, listings and the read-ahead stay in Python, which gets FORGETs gathered into
-batches. What goes where, and why, is in docs/design.md.
+entries, listings that give files no attributes, IOCTL and STATFS from the index columns and the
+shards, never entering the interpreter; everything else reaches pyfuse3 unchanged through libfuse's
+custom I/O (``pyfuse3.custom_io``), so the control tree, listings with attributes and the
+read-ahead stay in Python, which gets FORGETs gathered into batches and the folders the C threads
+listed (``take_scanned``). What goes where, and why, is in docs/design.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pyfuse3
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
 from dlfs.fuse import dirents
+from dlfs.fuse.known import KernelKnowledge
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,9 @@ REGION = 4 << 20
 #: ``auto`` fetches regions only when the shards take at most this share of the machine's memory:
 #: beyond, a region would be evicted before the reader comes back for the rest of it.
 REGION_MEMORY_SHARE = 0.5
+
+#: Folders taken from the C threads per call in ``take_scanned``.
+SCANNED_BATCH = 4096
 
 #: The opcodes the stats name (include/uapi/linux/fuse.h); others are counted by number.
 OPCODE_NAMES = {
@@ -62,6 +67,8 @@ class _Dataset(ctypes.Structure):
         ("statfs_bsize", ctypes.c_uint32),
         ("control_name", ctypes.c_char * 32),
         ("region", ctypes.c_uint64),
+        ("wanted", ctypes.c_void_p),
+        ("readdirplus_auto", ctypes.c_uint32),
     ]
 
 
@@ -110,12 +117,18 @@ class NativeServer:
         blksize: tuple[int, int],
         statfs_block: int,
         region: int,
+        known: KernelKnowledge,
+        readdirplus_auto: bool,
     ) -> None:
         self.index = index
+        self.known = known  # its ``wanted`` column is read by the C threads
         self._lib = ctypes.CDLL(str(LIBRARY))
         self._lib.dlfs_server_io.restype = ctypes.c_void_p
         self._lib.dlfs_server_prepare.argtypes = [ctypes.POINTER(_Dataset)]
         self._lib.dlfs_server_counts.argtypes = [ctypes.POINTER(_Counts)]
+        self._lib.dlfs_server_take_scanned.restype = ctypes.c_int64
+        self._lib.dlfs_server_take_scanned.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        self._lib.dlfs_server_scans_pending.restype = ctypes.c_int64
         # Kept here: the C side holds pointers into these for the life of the mount.
         descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
         self._shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
@@ -137,8 +150,11 @@ class NativeServer:
             statfs_bsize=statfs_block,
             control_name=control_name,
             region=region,
+            wanted=known.wanted.ctypes.data,
+            readdirplus_auto=readdirplus_auto,
         )
         self.threads = 0
+        self._scanned = np.empty(SCANNED_BATCH, dtype=np.uint64)
 
     def start(self, threads: int) -> None:
         """Take the mounted session's requests: from here on pyfuse3 sees only what C hands it."""
@@ -160,6 +176,19 @@ class NativeServer:
             if region
             else "no region fetch",
         )
+
+    def take_scanned(self) -> list[int]:
+        """Folders whose listings the C threads began without attributes for their files since the
+        last call: what ``FolderLister.scanned`` counts."""
+        taken: list[int] = []
+        while n := self._lib.dlfs_server_take_scanned(self._scanned.ctypes.data, self._scanned.size):
+            taken += self._scanned[:n].tolist()
+        return taken
+
+    def scans_pending(self) -> int:
+        """Folders the C threads listed that ``take_scanned`` has not passed on yet: work for the
+        lister that the mount must count as not idle."""
+        return int(self._lib.dlfs_server_scans_pending())
 
     def watch_reads(self) -> None:
         """Hand every READ of a dataset file to Python: the read-ahead follows readers by them."""

@@ -19,6 +19,7 @@ from conftest import (
     find_listing,
     force_unmount,
     is_mounted,
+    listing_requests,
     make_odd_tree,
     wait_until,
     write,
@@ -380,10 +381,9 @@ def test_a_class_folder_is_listed_in_one_round_trip_and_one_to_find_its_end(tmp_
         folder = Path(mnt) / "n01440764"
         assert folder.stat().st_blksize == fs.LISTING_BLOCK
         assert (folder / "n01440764_00000.JPEG").stat().st_blksize == fs.STATFS_BLOCK
-        before = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())["requests"].get("readdir", 0)
+        before = listing_requests(Path(mnt))
         assert set(os.listdir(folder)) == names
-        after = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())["requests"]["readdir"]
-        assert after - before == 2
+        assert listing_requests(Path(mnt)) - before == 2
 
 
 @pytest.mark.parametrize("readdirplus", ["always", "auto"])
@@ -430,8 +430,7 @@ def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
     with mount(dst, "--readdirplus", readdirplus) as mnt:
         listed = os.listdir(Path(mnt) / "cls")
         assert len(listed) == len(names) + 1 and set(listed) == names | {"sub"}
-        stats = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
-        assert stats["requests"]["readdir"] >= 3, "the listing took more than one reply"
+        assert listing_requests(Path(mnt)) >= 3, "the listing took more than one reply"
         kinds = {entry.name: entry.is_dir(follow_symlinks=False) for entry in os.scandir(Path(mnt) / "cls")}
         assert kinds["sub"] and not any(kinds[name] for name in names)
         long = subprocess.run(

@@ -309,7 +309,11 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         _read_all(paths)
+        forgets = _stats(mnt)["requests"].get("forget", 0)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        # The FORGETs reach the daemon apart from the reads (its C threads gather them): a training
+        # job's next epoch starts long after; here, let them arrive before the restart.
+        assert wait_until(lambda: _stats(mnt)["requests"].get("forget", 0) >= forgets + len(paths), 15)
         restarts = _stats(mnt)["prefetch"]["restarts"]
         data = _read_all(paths[:1])  # the first file is a sentinel: reading it restarts the epoch
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
