@@ -467,7 +467,7 @@ TARGETS: list[tuple[str, str, str]] = [
 
 def commands() -> list[str]:
     intro = (
-        "Every figure below comes from `make bench` (about an hour; data is generated under "
+        "Every figure below comes from `make bench` (about an hour and a quarter; data is generated under "
         "`bench-data/` on first use, ~20 GB), which runs these targets in this order, the last one "
         "writing this page from the JSON the others leave in docs/. Each can be run alone."
     )
