@@ -89,8 +89,8 @@ struct worker {
     uint8_t *request;
     uint8_t *stored, *plain, *listing; /* a file as stored, decompressed; a listing's reply */
     size_t stored_size, plain_size, listing_size;
-    int64_t *nlink; /* link counts of a listing's rows */
-    size_t nlink_size;
+    uint8_t *nlinks; /* link counts of a listing's rows (int64_t each) */
+    size_t nlinks_size;
     struct counts counts;
 };
 
@@ -379,7 +379,8 @@ static void note_scanned(uint64_t row) {
     pthread_mutex_unlock(&queue_lock);
 }
 
-static int do_readdir(struct worker *w, const struct fuse_in_header *in, const struct fuse_read_in *r, int plus) {
+static int do_readdir(struct worker *w, const struct fuse_in_header *in, const struct fuse_read_in *r,
+                      int plus) {
     if (!is_dataset(in->nodeid))
         return 0;
     uint64_t row = in->nodeid - 1;
@@ -404,13 +405,13 @@ static int do_readdir(struct worker *w, const struct fuse_in_header *in, const s
         size_t head = sizeof(struct fuse_dirent) + (plus ? sizeof(struct fuse_entry_out) : 0);
         size_t n = (space - at) / (head + 8) + 1; /* more rows than this cannot fit */
         n = n < stop - first ? n : stop - first;
-        if (!grow((uint8_t **)&w->nlink, &w->nlink_size, n * sizeof *w->nlink))
+        if (!grow(&w->nlinks, &w->nlinks_size, n * sizeof(int64_t)))
             return 0;
+        int64_t *links = (int64_t *)(void *)w->nlinks, used = 0;
         for (size_t k = 0; k < n; k++)
-            w->nlink[k] = attrs == ATTRS_DIRS ? nlink(first + k) : 1;
-        int64_t used = 0;
-        dlfs_encode_dirents(w->listing + at, (int64_t)(space - at), (int64_t)first, (int64_t)(first + n), position + 1,
-                            attrs, &ds.c, &ds.r, w->nlink, &used);
+            links[k] = attrs == ATTRS_DIRS ? nlink(first + k) : 1;
+        dlfs_encode_dirents(w->listing + at, (int64_t)(space - at), (int64_t)first, (int64_t)(first + n),
+                            position + 1, attrs, &ds.c, &ds.r, links, &used);
         at += (size_t)used;
     }
     reply(w, in->unique, 0, w->listing, at);
@@ -750,7 +751,7 @@ int dlfs_server_stop(int timeout_ms) {
         free(w->stored);
         free(w->plain);
         free(w->listing);
-        free(w->nlink);
+        free(w->nlinks);
         w->request = NULL;
     }
     return left;
