@@ -103,6 +103,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
     requests: Counter[str] = Counter()
+    native = _native_server(index, reader, known, options)
 
     def stats() -> dict[str, object]:
         return {
@@ -117,7 +118,6 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "uptime_seconds": round(time.monotonic() - started, 3),
         }
 
-    native = _native_server(index, reader, known, options)
     control = ControlTree(index, spec, stats)
     operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests, native)
     operations.readdirplus_auto = options.readdirplus == "auto"
