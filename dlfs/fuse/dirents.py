@@ -186,6 +186,11 @@ class Reply(ctypes.Structure):
         ("dir_blksize", ctypes.c_uint32),
     ]
 
+    @classmethod
+    def of(cls, inode_base: int, timeout: float, blksize: tuple[int, int]) -> Reply:
+        """Inode = row + ``inode_base``, entries valid ``timeout`` seconds, block sizes (files, folders)."""
+        return cls(inode_base, int(timeout), int((timeout % 1) * 1e9), *blksize)
+
 
 class Encoder:
     """``encode`` for one index and one mount's settings: in C when ``_dirents.so`` is built (and
@@ -218,12 +223,7 @@ class Encoder:
             log.info("index columns not in this host's byte order: listing directories with numpy")
             return None
         self._columns = columns
-        self._reply = Reply(
-            self.inode_base,
-            int(self.timeout),
-            int((self.timeout % 1) * 1e9),
-            *self.blksize,
-        )
+        self._reply = Reply.of(self.inode_base, self.timeout, self.blksize)
         call = ctypes.CDLL(str(library)).dlfs_encode_dirents
         call.restype = ctypes.c_int64
         call.argtypes = [

@@ -135,10 +135,9 @@ class NativeServer:
         columns = dirents.Columns.of(index)
         if columns is None:
             raise ValueError("index columns not in this host's byte order (see available())")
-        self._columns = columns
         self._dataset = _Dataset(
-            c=self._columns,
-            r=dirents.Reply(pyfuse3.ROOT_INODE, int(timeout), int((timeout % 1) * 1e9), *blksize),
+            c=columns,
+            r=dirents.Reply.of(pyfuse3.ROOT_INODE, timeout, blksize),
             parent=index.parent.ctypes.data,
             shard=index.shard.ctypes.data,
             offset=index.offset.ctypes.data,
