@@ -107,14 +107,17 @@ struct slot {
     uint8_t *data;
 };
 
-/* Folders whose listing began here without attributes for their files, for Python's lister
- * (dlfs_server_take_scanned). */
-static uint64_t *scanned;
-static size_t scanned_held, scanned_room;
+/* Items the C threads gather for Python, which takes them from the front; under queue_lock. */
+struct gathered {
+    uint8_t *items;
+    size_t held, room; /* bytes */
+};
 
-/* FORGETs gathered for Python, handed over as one BATCH_FORGET (see gather_forgets). */
-static struct fuse_forget_one *forgets;
-static size_t forgets_held, forgets_room;
+/* Folders whose listing began here without attributes for their files, for Python's lister
+ * (dlfs_server_take_scanned): uint64_t rows. */
+static struct gathered scanned;
+/* FORGETs, handed over as one BATCH_FORGET (see gather_forgets): struct fuse_forget_one. */
+static struct gathered forgets;
 static int forgets_signalled; /* a wake-up for them is outstanding */
 
 static struct dataset ds;
@@ -256,6 +259,24 @@ static int grow(uint8_t **buffer, size_t *size, size_t need) {
     return 1;
 }
 
+/* Append size bytes; 0 when memory ran out (the items are lost, said where it is called). */
+static int gather(struct gathered *g, const void *items, size_t size) {
+    if (g->held + size > g->room && !grow(&g->items, &g->room, (g->held + size) * 2))
+        return 0;
+    memcpy(g->items + g->held, items, size);
+    g->held += size;
+    return 1;
+}
+
+/* Move up to most bytes (whole items of item bytes) from the front to out; returns how many. */
+static size_t take(struct gathered *g, void *out, size_t most, size_t item) {
+    size_t n = (most < g->held ? most : g->held) / item * item;
+    memcpy(out, g->items, n);
+    g->held -= n;
+    memmove(g->items, g->items + n, g->held);
+    return n;
+}
+
 /* Before a file is read from storage, have the kernel read the whole aligned region of the shard
  * around it into the page cache, in one request: with no published order (shuffle=True) each file
  * would otherwise cost the disk one seek, and on a disk bound by its IOPS a uniformly shuffled epoch
@@ -279,14 +300,8 @@ static const uint8_t *load(struct worker *w, uint64_t row) {
     fetch_region(w, fd, ds.offset[row], stored);
     if (!grow(&w->stored, &w->stored_size, stored ? stored : 1))
         return NULL;
-    for (uint64_t got = 0; got < stored;) {
-        ssize_t n = pread(fd, w->stored + got, stored - got, (off_t)(ds.offset[row] + got));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return NULL;
-        got += (uint64_t)n;
-    }
+    if (read_all(fd, w->stored, (int64_t)stored, (int64_t)ds.offset[row], 0) != (int64_t)stored)
+        return NULL;
     const uint8_t *data = w->stored;
     if (ds.flags[row] & FLAG_LZ4) {
         if (!grow(&w->plain, &w->plain_size, size ? size : 1) || stored > INT32_MAX)
@@ -365,17 +380,7 @@ static uint32_t dot_record(uint8_t *out, size_t space, uint64_t inode, uint64_t 
 
 static void note_scanned(uint64_t row) {
     pthread_mutex_lock(&queue_lock);
-    if (scanned_held == scanned_room) {
-        size_t room = scanned_room ? scanned_room * 2 : 256;
-        uint64_t *bigger = realloc(scanned, room * sizeof *scanned);
-        if (!bigger) { /* the lister misses a scan: the tree is relisted later, or not at all */
-            pthread_mutex_unlock(&queue_lock);
-            return;
-        }
-        scanned = bigger;
-        scanned_room = room;
-    }
-    scanned[scanned_held++] = row;
+    gather(&scanned, &row, sizeof row); /* out of memory: the lister misses a scan, never data */
     pthread_mutex_unlock(&queue_lock);
 }
 
@@ -446,21 +451,10 @@ static int gather_forgets(const struct fuse_in_header *in, const uint8_t *body, 
         list = (const struct fuse_forget_one *)(body + sizeof(struct fuse_batch_forget_in));
     }
     pthread_mutex_lock(&queue_lock);
-    int wake = 0;
-    if (forgets_held + count > forgets_room) {
-        size_t room = (forgets_held + count) * 2;
-        struct fuse_forget_one *bigger = realloc(forgets, room * sizeof *forgets);
-        if (!bigger) { /* Python misses these: a folder listed once more later, never wrong data */
-            pthread_mutex_unlock(&queue_lock);
-            return 1;
-        }
-        forgets = bigger;
-        forgets_room = room;
-    }
-    memcpy(forgets + forgets_held, list, count * sizeof *list);
-    forgets_held += count;
-    if (!forgets_signalled)
-        wake = forgets_signalled = 1;
+    /* Out of memory, Python misses these: a folder listed once more later, never wrong data. */
+    int wake = gather(&forgets, list, count * sizeof *list) && !forgets_signalled;
+    if (wake)
+        forgets_signalled = 1;
     pthread_mutex_unlock(&queue_lock);
     if (wake)
         wake_python();
@@ -556,16 +550,12 @@ static void *serve(void *arg) {
  * Called with queue_lock held. */
 static ssize_t hand_over_forgets(void *buffer, size_t size) {
     size_t head = sizeof(struct fuse_in_header) + sizeof(struct fuse_batch_forget_in);
-    size_t count = (size - head) / sizeof(struct fuse_forget_one);
-    count = count < forgets_held ? count : forgets_held;
-    struct fuse_in_header in = {.len = (uint32_t)(head + count * sizeof *forgets), .opcode = FUSE_BATCH_FORGET};
-    struct fuse_batch_forget_in batch = {.count = (uint32_t)count};
+    size_t n = take(&forgets, (uint8_t *)buffer + head, size - head, sizeof(struct fuse_forget_one));
+    struct fuse_in_header in = {.len = (uint32_t)(head + n), .opcode = FUSE_BATCH_FORGET};
+    struct fuse_batch_forget_in batch = {.count = (uint32_t)(n / sizeof(struct fuse_forget_one))};
     memcpy(buffer, &in, sizeof in);
     memcpy((uint8_t *)buffer + sizeof in, &batch, sizeof batch);
-    memcpy((uint8_t *)buffer + head, forgets, count * sizeof *forgets);
-    forgets_held -= count;
-    memmove(forgets, forgets + count, forgets_held * sizeof *forgets);
-    if (forgets_held)
+    if (forgets.held)
         wake_python(); /* for the rest */
     else
         forgets_signalled = 0;
@@ -582,7 +572,7 @@ static ssize_t python_read(int fd, void *buffer, size_t size, void *userdata) {
         return -1;
     }
     pthread_mutex_lock(&queue_lock);
-    if (forgets_held) {
+    if (forgets.held) {
         ssize_t n = hand_over_forgets(buffer, size);
         pthread_mutex_unlock(&queue_lock);
         return n;
@@ -691,18 +681,15 @@ void dlfs_server_watch_reads(int on) { atomic_store(&watch_reads, on); }
  * Returns how many. */
 int64_t dlfs_server_take_scanned(uint64_t *out, int64_t room) {
     pthread_mutex_lock(&queue_lock);
-    size_t n = scanned_held < (size_t)room ? scanned_held : (size_t)room;
-    memcpy(out, scanned, n * sizeof *out);
-    scanned_held -= n;
-    memmove(scanned, scanned + n, scanned_held * sizeof *scanned);
+    size_t n = take(&scanned, out, (size_t)room * sizeof *out, sizeof *out);
     pthread_mutex_unlock(&queue_lock);
-    return (int64_t)n;
+    return (int64_t)(n / sizeof *out);
 }
 
 /* Folders listed in C not yet taken by dlfs_server_take_scanned. */
 int64_t dlfs_server_scans_pending(void) {
     pthread_mutex_lock(&queue_lock);
-    size_t n = scanned_held;
+    size_t n = scanned.held / sizeof(uint64_t);
     pthread_mutex_unlock(&queue_lock);
     return (int64_t)n;
 }

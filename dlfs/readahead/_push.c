@@ -33,27 +33,6 @@
 /* Direct reads in flight per call. */
 #define DEPTH 64
 
-/* Read len bytes at off. nowait: only what is in the page cache, or -EAGAIN. Returns bytes read
- * (fewer only at the end of the file) or -errno. */
-static int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, int nowait) {
-    int64_t got = 0;
-    while (got < len) {
-        struct iovec iov = {buf + got, (size_t)(len - got)};
-        ssize_t n = preadv2(fd, &iov, 1, off + got, nowait ? RWF_NOWAIT : 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        if (n == 0)
-            break;
-        if (nowait && n < len - got)
-            return -EAGAIN; /* a part is cached, the rest would wait for storage */
-        got += n;
-    }
-    return got;
-}
-
-
 /* Store the whole of a file as the page cache of inode nodeid: one FUSE_NOTIFY_STORE message. */
 static int push(int fuse_fd, uint64_t nodeid, const uint8_t *data, uint32_t len) {
     struct fuse_notify_store_out store = {.nodeid = nodeid, .offset = 0, .size = len};
