@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, dlfs_mount, ensure_tree
+from benchlib import DLFS, dlfs_mount, ensure_tree, warm_storage
 
 from dlfs import bench
 from dlfs.bench import peers
@@ -115,7 +114,7 @@ def one_run(
     if temperature == "cold":
         bench.drop_caches()
     else:
-        warm(storage)
+        warm_storage(storage)
     if mount is None:
         return bench.run_once(bench.Root("native", str(storage)), job, items, options), None
     with mount():
@@ -124,15 +123,6 @@ def one_run(
         stats = mnt / ".dlfs" / "stats"
         native = json.loads(stats.read_bytes()).get("native") if stats.exists() else None
     return run, native
-
-
-def warm(storage: Path) -> None:
-    """Every byte of the storage in the page cache: the files of a tree, or an image's files."""
-    paths = [storage] if storage.is_file() else [Path(d, n) for d, _, ns in os.walk(storage) for n in ns]
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, dlfs_mount, ensure_tree
+from benchlib import DLFS, dlfs_mount, ensure_tree, warm_storage
 
 from dlfs import bench
 
@@ -70,8 +70,7 @@ def main() -> None:
         if cold:
             bench.drop_caches()  # before mounting: the scan below is part of a cold start
         else:
-            for shard in dst.iterdir():  # storage warm; the fresh mount's own pages start empty
-                shard.read_bytes()
+            warm_storage(dst)  # storage warm; the fresh mount's own pages start empty
         with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log"), *flags):
             bench.imagefolder_scan(str(mnt))  # what a training job does first (untimed)
             for epoch in range(epochs):
