@@ -171,7 +171,7 @@ def packed(odd_tree: Path, tmp_path: Path) -> Path:
     return dst
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -204,18 +204,23 @@ def wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
     return condition()
 
 
+def mount_pid(result: subprocess.CompletedProcess[str]) -> int:
+    """The daemon pid a background ``dlfs mount`` printed."""
+    return int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+
+
 @contextmanager
 def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None) -> Iterator[Path]:
     """Mount with the real CLI (background daemon); always unmount, reap the daemon, check its log."""
     mnt.mkdir(parents=True, exist_ok=True)
     log_file = log_file or mnt.parent / f"{mnt.name}.log"
     result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra)
-    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    pid = mount_pid(result)
     try:
         yield mnt
     finally:
         force_unmount(mnt)
-        if not wait_until(lambda: not _pid_alive(pid), 15):
+        if not wait_until(lambda: not pid_alive(pid), 15):
             os.kill(pid, signal.SIGKILL)
         log_text = log_file.read_text(errors="replace")
         assert "Traceback" not in log_text, log_text

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -20,7 +19,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import dlfs, drop_from_memory, flip_byte, is_mounted, payload_place, wait_until, write
+from conftest import (
+    dlfs,
+    drop_from_memory,
+    flip_byte,
+    is_mounted,
+    mount_pid,
+    payload_place,
+    pid_alive,
+    wait_until,
+    write,
+)
 
 from dlfs.core.libc import cached_pages
 
@@ -179,8 +188,7 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
     ends (with data or an error) within seconds, the daemon exits and nothing stays mounted."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    result = dlfs("mount", packed, mnt, "--log-file", tmp_path / "mount.log")
-    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    pid = mount_pid(dlfs("mount", packed, mnt, "--log-file", tmp_path / "mount.log"))
     reader = (
         "import os, sys\n"
         "paths = [os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns]\n"
@@ -200,9 +208,7 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
         else:
             os.kill(pid, signal.SIGTERM)
         assert wait_until(lambda: all(r.poll() is not None for r in readers), 20), "a reader hangs"
-        assert wait_until(lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), 20), (
-            "the daemon lives on"
-        )
+        assert wait_until(lambda: not pid_alive(pid), 20), "the daemon lives on"
         assert not is_mounted(mnt)
     finally:
         for r in readers:
@@ -211,13 +217,6 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, check=False)
     log_text = (tmp_path / "mount.log").read_text()
     assert "Traceback" not in log_text and "failed to unmount" not in log_text, log_text
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
-    except FileNotFoundError:
-        return True
 
 
 @pytest.mark.parametrize("region", ["1M", "0"])
