@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python tools/build_pyfuse3.py
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench,s3]'
 	touch $@
 
 dlfs/readahead/_push.so: dlfs/readahead/_push.c dlfs/core/_pagecache.h $(STAMP)

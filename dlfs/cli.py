@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dlfs import __version__
 from dlfs.core.errors import DlfsError
+from dlfs.core.store.interface import StoreOptions
 from dlfs.fuse.mount import READY_TIMEOUT, MountOptions
 
 #: ``dlfs mount``'s flag defaults: the options' own, so the two never disagree.
@@ -75,6 +76,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         skip_errors=args.skip_errors,
         progress=not args.quiet and not args.json,
         sync=args.sync,
+        store=_store_options(args),
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -114,6 +116,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         readdirplus=args.readdirplus,
         native_threads=args.native_threads,
         region_ahead=args.region_ahead,
+        store=_store_options(args),
     )
     if not args.foreground:
         started = time.monotonic()
@@ -166,7 +169,9 @@ def _cmd_umount(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from dlfs.core.verify import verify
 
-    report = verify(args.dataset, jobs=args.jobs, progress=not args.quiet and not args.json)
+    report = verify(
+        args.dataset, jobs=args.jobs, progress=not args.quiet and not args.json, options=_store_options(args)
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -189,12 +194,21 @@ def _ls_line(index: Index, row: int, shown: bytes, long: bool) -> str:
     return line
 
 
-def _cmd_ls(args: argparse.Namespace) -> int:
+def _load_index(args: argparse.Namespace) -> Index:
+    """The index of ``args.dataset``, from a directory or an object store (through its local copy)."""
     from dlfs.core.index import Index
-    from dlfs.core.store import open_store
+    from dlfs.core.store import index_copies, open_store
 
-    store = open_store(args.dataset)
-    index = Index.load(store)
+    options = _store_options(args)
+    store = open_store(args.dataset, options=options)
+    try:
+        return Index.load(store, index_copies(options))
+    finally:
+        store.close()
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    index = _load_index(args)
     row = index.resolve(os.fsencode(args.path))
     if row is None:
         raise DlfsError(f"{args.path}: no such file or directory in {args.dataset}")
@@ -211,6 +225,84 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         if args.recursive:
             stack.extend(child for child in reversed(children) if index.is_dir(child))
     return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from dlfs.core import format as fmt
+
+    index = _load_index(args)
+    kinds = index.mode & fmt.TYPE_MASK
+    files = kinds == stat.S_IFREG
+    info = {
+        "dataset": args.dataset,
+        "dataset_id": index.dataset_id,
+        "format_version": fmt.FORMAT_VERSION,
+        "files": int(files.sum()),
+        "directories": int((kinds == stat.S_IFDIR).sum()),
+        "symlinks": int((kinds == stat.S_IFLNK).sum()),
+        "bytes": int(index.size[files].sum()),
+        "stored_bytes": int(sum(index.shard_sizes)),
+        "shards": len(index.shard_names),
+        "compressed_files": int(((index.flags & fmt.FLAG_LZ4) != 0).sum()),
+        "dlfs_version": index.meta.get("dlfs_version"),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(index.meta.get("created_ns", 0) / 1e9)),
+        "build": index.meta.get("build", {}),
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for key, value in info.items():
+        if key == "build":
+            value = " ".join(f"{k}={v}" for k, v in value.items())
+        elif key in ("bytes", "stored_bytes"):
+            value = f"{value} ({_human(value)})"
+        print(f"{key + ':':<18}{value}")
+    return 0
+
+
+def _store_options(args: argparse.Namespace) -> StoreOptions:
+    return StoreOptions(
+        endpoint_url=args.endpoint_url,
+        timeout=args.store_timeout,
+        cache_dir=getattr(args, "cache_dir", None),
+        cache_dir_size=getattr(args, "cache_dir_size", 0),
+    )
+
+
+def _store_flags(p: argparse.ArgumentParser, cache: bool = False) -> None:
+    """Flags of the commands that take a dataset location, which may be ``s3://BUCKET/PREFIX``."""
+    d = StoreOptions()
+    p.add_argument(
+        "--endpoint-url",
+        metavar="URL",
+        help="S3-compatible endpoint for s3:// locations (Ceph RGW, SeaweedFS, MinIO); default: "
+        "AWS_ENDPOINT_URL or the profile's endpoint_url, else AWS. Credentials and region come the "
+        "AWS way: AWS_* variables, AWS_PROFILE, ~/.aws/config and credentials",
+    )
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        default=d.timeout,
+        metavar="SECONDS",
+        help="an object-store request, with its retries, fails after this long; a read of it then "
+        f"fails with EIO and the next one tries again (default {d.timeout:g})",
+    )
+    if not cache:
+        return
+    p.add_argument(
+        "--cache-dir",
+        metavar="PATH",
+        help="keep blocks of an s3:// dataset's shards in this local directory (e.g. on NVMe), so "
+        "later epochs and remounts of the same dataset read them from there",
+    )
+    p.add_argument(
+        "--cache-dir-size",
+        type=parse_size,
+        default=0,
+        metavar="SIZE",
+        help="bytes --cache-dir may hold; least recently used blocks go first (default: 80%% of "
+        "the free space there)",
+    )
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -270,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pack", help="pack a directory tree into shards + index")
     p.add_argument("src", help="the directory tree to pack")
-    p.add_argument("dst", help="the dataset directory to write (created if missing)")
+    p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument("--shard-size", type=parse_size, default="1G", help="target shard size (default 1G)")
     p.add_argument("--jobs", "-j", type=int, help="parallel file readers (default 2 per CPU, at most 8)")
     p.add_argument(
@@ -295,11 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not wait for the disk before publishing (like tar or cp): for scratch copies",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    _store_flags(p)
     p.set_defaults(func=_cmd_pack)
 
     p = sub.add_parser("mount", help="mount a dataset read-only")
     d, D = MOUNT_DEFAULTS, "(default %(default)s)"  # each flag's default is MountOptions' own
-    p.add_argument("dataset", help="the dataset directory written by dlfs pack")
+    p.add_argument("dataset", help="the dataset written by dlfs pack: a directory or s3://BUCKET/PREFIX")
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument(
         "--foreground", "-f", action="store_true", help="serve in this process (systemd, debugging)"
@@ -372,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"index first, which takes minutes on very slow storage (default {READY_TIMEOUT:g})",
     )
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    _store_flags(p, cache=True)
     p.set_defaults(func=_cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a dlfs mount")
@@ -383,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset")
     p.add_argument("--jobs", "-j", type=int, default=4, help="parallel readers (default 4)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _store_flags(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("ls", help="list a dataset's index without mounting")
@@ -390,7 +485,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", nargs="?", default="", help="a path inside the dataset (default: the root)")
     p.add_argument("-l", "--long", action="store_true", help="mode, links, owner, size, mtime")
     p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too, with full paths")
+    _store_flags(p)
     p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser("info", help="what a dataset holds: files, bytes, shards, how it was packed")
+    p.add_argument("dataset")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    _store_flags(p)
+    p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
         "bench",
@@ -459,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s", stream=sys.stderr
     )
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # where it found credentials, each start
     try:
         return int(args.func(args))
     except DlfsError as exc:

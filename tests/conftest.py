@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
@@ -263,3 +265,31 @@ def flip_byte(path: Path, offset: int) -> None:
         byte = f.read(1)
         f.seek(offset)
         f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    """One real S3 server (SeaweedFS) for the session; tests keep apart by bucket."""
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
+        yield server
+
+
+def use_s3(server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """Point the AWS environment (this process and the CLIs it starts) at ``server``; a fresh
+    bucket's URL. Index copies go under ``tmp_path``, not the user's cache."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    bucket = "t-" + uuid.uuid4().hex[:16]
+    server.create_bucket(bucket)
+    return f"s3://{bucket}"
+
+
+@pytest.fixture
+def s3(s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket on the session's S3 server, with the environment pointing at it."""
+    return use_s3(s3_server, monkeypatch, tmp_path)

@@ -160,9 +160,9 @@ class DecodedIndex:
     arrays: dict[str, np.ndarray]
 
 
-def decode_index(buf: memoryview, source: str) -> DecodedIndex:
-    """Check the header, length and trailer, then view each column in place (no copies)."""
-    if len(buf) < HEADER_SIZE + TRAILER.size:
+def index_header(buf: bytes | memoryview, source: str) -> tuple[int, int, int]:
+    """(meta offset, meta length, file length) from an index's first ``HEADER_SIZE`` bytes."""
+    if len(buf) < HEADER_SIZE:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
     magic, version, _, meta_offset, meta_length, file_length = INDEX_HEADER.unpack_from(buf)
     if magic != INDEX_MAGIC:
@@ -174,6 +174,14 @@ def decode_index(buf: memoryview, source: str) -> DecodedIndex:
         )
     if version != FORMAT_VERSION:
         raise DatasetError(f"{source} has unsupported format version {version}; re-run dlfs pack")
+    return meta_offset, meta_length, file_length
+
+
+def decode_index(buf: memoryview, source: str) -> DecodedIndex:
+    """Check the header, length and trailer, then view each column in place (no copies)."""
+    if len(buf) < HEADER_SIZE + TRAILER.size:
+        raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
+    meta_offset, meta_length, file_length = index_header(buf, source)
     if file_length != len(buf):
         raise DatasetError(
             f"{source} is truncated or padded ({len(buf)} bytes, header says {file_length}); re-run dlfs pack"

@@ -8,8 +8,14 @@ order (see ``dlfs.core.format``), so the children of a directory are the contigu
 
 from __future__ import annotations
 
+import json
+import logging
 import mmap
+import os
+import re
 import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,7 +23,13 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, ShardError
 from dlfs.core.libc import stat_blocks
-from dlfs.core.store import Store
+from dlfs.core.store import Descriptors, Store
+
+log = logging.getLogger(__name__)
+
+#: Shard headers checked at once at mount (each a round trip on an object store).
+HEADER_READERS = 16
+COPY_SUFFIX = ".index.dlfs"
 
 
 class Attrs(NamedTuple):
@@ -66,10 +78,23 @@ class Index:
             raise DatasetError(f"{source} has no root directory; re-run dlfs pack")
 
     @classmethod
-    def load(cls, store: Store) -> Index:
+    def load(cls, store: Store, copies: Path | None = None) -> Index:
+        """The dataset's index; from a store that is not a local directory, through a local copy
+        kept in ``copies`` under the dataset id, so that a remount reads a few hundred bytes of
+        the store, not the whole index (115 MiB for ImageNet)."""
         source = f"{store.url}/{fmt.INDEX_NAME}"
-        buf = store.map_index(fmt.INDEX_NAME)
-        decoded = fmt.decode_index(buf, source)
+        if copies is None or isinstance(store, Descriptors):
+            buf = store.map_index(fmt.INDEX_NAME)
+        else:
+            buf = _local_copy(store, copies, source)
+        try:
+            decoded = fmt.decode_index(buf, source)
+        except DatasetError:
+            if not isinstance(buf.obj, mmap.mmap):
+                raise
+            buf.release()  # a damaged copy: fetch the store's again
+            buf = _local_copy(store, copies, source, refresh=True)
+            decoded = fmt.decode_index(buf, source)
         # The whole-file checksum touched every page. Unmap them from this process (they stay in
         # the page cache): RSS then counts only what queries touch, and the kernel may reclaim the
         # rest under pressure instead of the daemon pinning the whole index.
@@ -83,8 +108,9 @@ class Index:
         The mount checks this once at start rather than failing file by file later: a half-present
         dataset is almost always a copy that went wrong, and the user should hear about it at once.
         """
-        for number, (name, expected) in enumerate(zip(self.shard_names, self.shard_sizes, strict=True)):
-            actual = store.size(name)
+        sizes = store.sizes()  # one listing: an object store answers each lookup in a round trip
+        for name, expected in zip(self.shard_names, self.shard_sizes, strict=True):
+            actual = sizes.get(name)
             if actual is None:
                 raise ShardError(f"shard {name} is missing from {store.url}; restore it or re-run dlfs pack")
             if actual != expected:
@@ -92,7 +118,13 @@ class Index:
                     f"shard {name} in {store.url} has {actual} bytes, the index expects {expected}; "
                     "restore it or re-run dlfs pack"
                 )
+
+        def check_header(number: int) -> None:
+            name = self.shard_names[number]
             fmt.check_shard_header(store.read(name, 0, fmt.HEADER_SIZE), self.dataset_id, number, name)
+
+        with ThreadPoolExecutor(HEADER_READERS) as pool:  # each read a round trip on an object store
+            list(pool.map(check_header, range(len(self.shard_names))))
 
     def name(self, row: int) -> bytes:
         off = self.name_off
@@ -284,3 +316,31 @@ class Index:
         """Human-readable place of a file's bytes, for error messages."""
         path = self.path(row).decode(errors="replace")
         return f"{path} (shard {self.shard_of(row)}, offset {int(self.offset[row])})"
+
+
+def _local_copy(store: Store, copies: Path, source: str, refresh: bool = False) -> memoryview:
+    """The store's index from ``copies/<dataset id>.dlfs``, fetched first when missing, of another
+    length or (``refresh``) damaged. The dataset id comes from the index's own header and meta, two
+    small ranged reads: a dataset packed again under the same name has a new id, so a stale copy is
+    never used."""
+    if store.size(fmt.INDEX_NAME) is None:
+        raise DatasetError(f"{store.url} is not a dlfs dataset (no {fmt.INDEX_NAME}); run dlfs pack first")
+    meta_offset, meta_length, file_length = fmt.index_header(
+        store.read(fmt.INDEX_NAME, 0, fmt.HEADER_SIZE), source
+    )
+    try:
+        dataset_id = str(json.loads(store.read(fmt.INDEX_NAME, meta_offset, meta_length))["dataset_id"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{source} is corrupt (unreadable meta); re-run dlfs pack") from exc
+    if not re.fullmatch(r"[0-9a-f]{1,64}", dataset_id):
+        raise DatasetError(f"{source} has a malformed dataset id; re-run dlfs pack")
+    path = copies / f"{dataset_id}{COPY_SUFFIX}"
+    if refresh or not path.exists() or path.stat().st_size != file_length:
+        data = store.read(fmt.INDEX_NAME, 0, file_length)
+        copies.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+        log.info("copied %s (%d bytes) to %s", source, len(data), path)
+    with open(path, "rb") as f:
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))

@@ -18,7 +18,7 @@ from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError, IntegrityError
 from dlfs.core.index import Index
-from dlfs.core.store import Descriptors, Store
+from dlfs.core.store import Descriptors, Forgets, Store
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,23 @@ class Reader:
         return int(self.index.size[row]) <= fmt.WHOLE_PAYLOAD_LIMIT
 
     def load(self, row: int) -> bytes:
-        """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT."""
-        return self.decode(row, self.read_range(row, 0, int(self.index.stored[row])))
+        """The whole original file; only for files up to WHOLE_PAYLOAD_LIMIT. Bytes that fail
+        their check in a store's own tier are dropped there and read once more from the source."""
+        stored = int(self.index.stored[row])
+        try:
+            return self.decode(row, self.read_range(row, 0, stored))
+        except IntegrityError:
+            if not self.forget(row):
+                raise
+            return self.decode(row, self.read_range(row, 0, stored))
+
+    def forget(self, row: int) -> bool:
+        """Drop a file's stored bytes from the store's own tier (they failed a check); False
+        where the store has none, so reading again would read the same bytes."""
+        if not isinstance(self.store, Forgets):
+            return False
+        self.store.forget(self.index.shard_of(row), int(self.index.offset[row]), int(self.index.stored[row]))
+        return True
 
     def load_cached(self, row: int) -> bytes | None:
         """``load`` for a small file whose stored bytes are all in the page cache, never waiting for

@@ -12,7 +12,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
-from dlfs.core.store import open_store
+from dlfs.core.store import StoreOptions, index_copies, open_store
 
 #: Rows handed to the pool at a time, so a million-file dataset does not queue a million futures.
 BATCH = 1024
@@ -33,12 +33,15 @@ class VerifyReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def verify(location: str, jobs: int = 4, progress: bool = True) -> VerifyReport:
+def verify(
+    location: str, jobs: int = 4, progress: bool = True, options: StoreOptions | None = None
+) -> VerifyReport:
     """Check every file in storage order; a bad file is reported, never fatal to the rest."""
     started = time.monotonic()
-    store = open_store(location)
+    options = options or StoreOptions()
+    store = open_store(location, options=options)
     try:
-        index = Index.load(store)
+        index = Index.load(store, index_copies(options))
         index.check_shards(store)
         reader = Reader(index, store, PayloadCache(0))
         rows = index.file_rows()

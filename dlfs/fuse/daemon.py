@@ -21,7 +21,8 @@ from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
 from dlfs.core.protocol import CONTROL_NAME
-from dlfs.core.store import open_store
+from dlfs.core.store import CachedStore, Store, index_copies, is_s3, open_store
+from dlfs.core.store.s3 import S3Store
 from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.features import log_pyfuse3_features
@@ -78,9 +79,9 @@ async def _terminate_on_signal() -> None:
 def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], None]) -> None:
     """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
     started = time.monotonic()
-    store = open_store(dataset, random_access=True)
+    store = open_store(dataset, random_access=True, options=options.store)
     log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
-    index = Index.load(store)
+    index = Index.load(store, index_copies(options.store))
     log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
     index.check_shards(store)
     mountpoint = Path(mnt)
@@ -110,6 +111,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             "requests": dict(requests),
             "cache": cache.stats(),
             "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
+            "disk_cache": store.stats() if isinstance(store, CachedStore) else None,
+            "store": _store_counts(store),
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
             "native": native.counts() if native is not None else None,
             "listed_folders": lister.listed,
@@ -193,6 +196,15 @@ def _serve_first() -> None:
         log.debug("cannot raise the daemon's priority (not root)")
 
 
+def _store_counts(store: Store) -> dict[str, int] | None:
+    """Requests that reached an object store and the bytes they brought (None for a directory)."""
+    remote = store.inner if isinstance(store, CachedStore) else store
+    if not isinstance(remote, S3Store):
+        return None
+    return {"requests": remote.requests, "bytes": remote.received}
+
+
 def _option_safe(text: str) -> str:
-    """Mount options are comma-separated; keep the dataset path from splitting them."""
-    return os.path.abspath(text).replace(",", "_").replace(" ", "_")
+    """Mount options are comma-separated; keep the dataset's location from splitting them."""
+    location = text if is_s3(text) else os.path.abspath(text)
+    return location.replace(",", "_").replace(" ", "_")

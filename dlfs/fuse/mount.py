@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfs.core.errors import MountError
+from dlfs.core.store.interface import StoreOptions
 
 #: How long ``dlfs mount`` waits for its daemon by default. The daemon reads and checks the whole
 #: index before it mounts (115 MiB for ImageNet's 1.28 M files): well under a second from a local
@@ -51,6 +52,8 @@ class MountOptions:
     #: Bytes of shard the C threads have the kernel read around a file not in memory; None: the
     #: daemon decides (``dlfs.fuse.server.region_for``).
     region_ahead: int | None = None
+    #: How to reach an ``s3://`` dataset and the disk tier in front of it.
+    store: StoreOptions = field(default_factory=StoreOptions)
 
 
 def mounted_fstype(path: str | os.PathLike[str]) -> str | None:

@@ -132,6 +132,8 @@ class NativeServer:
         # Kept here: the C side holds pointers into these for the life of the mount.
         descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
         self._shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
+        #: Shards are files to pread; else (an object store) every READ of a file goes to Python.
+        self.reads_files = bool((self._shard_fds >= 0).all())
         columns = dirents.Columns.of(index)
         if columns is None:
             raise ValueError("index columns not in this host's byte order (see available())")
@@ -148,7 +150,7 @@ class NativeServer:
             statfs_blocks=-(-index.total_stored // statfs_block),
             statfs_bsize=statfs_block,
             control_name=control_name,
-            region=region,
+            region=region if self.reads_files else 0,
             wanted=known.wanted.ctypes.data,
             readdirplus_auto=readdirplus_auto,
         )
@@ -168,13 +170,13 @@ class NativeServer:
         self.threads = started
         pyfuse3.custom_io(self._lib.dlfs_server_io(), wait_fd)
         region = self._dataset.region
-        log.info(
-            "native request server: %d threads, %s",
-            started,
-            f"{region >> 10} KiB regions fetched around files read from storage"
-            if region
-            else "no region fetch",
-        )
+        if not self.reads_files:
+            reads = "READs of files answered in Python (the shards are not local files)"
+        elif region:
+            reads = f"{region >> 10} KiB regions fetched around files read from storage"
+        else:
+            reads = "no region fetch"
+        log.info("native request server: %d threads, %s", started, reads)
 
     def take_scanned(self) -> list[int]:
         """Folders whose listings the C threads began without attributes for their files since the

@@ -32,15 +32,24 @@ def check_destination(src: Path, dst: Path, store: LocalStore, options: PackOpti
     if real_dst == real_src or real_src in real_dst.parents:
         raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
     dst.mkdir(parents=True, exist_ok=True)
+    return replaced_dataset(store, options, "directory")
+
+
+def replaced_dataset(store: Store, options: PackOptions, kind: str) -> str | None:
+    """The id of the dataset a pack into ``store`` replaces (None if none); refuse a store that
+    holds anything else, or a dataset without ``--force``. ``kind``: what to call the place."""
     names = store.names()
     foreign = [n for n in names if n != fmt.INDEX_NAME and not n.endswith(fmt.SHARD_SUFFIX)]
     foreign = [n for n in foreign if not n.startswith(f".{fmt.INDEX_NAME}.tmp")]
     if foreign:
-        raise PackError(f"destination {dst} is not empty and is not a dlfs dataset; use an empty directory")
+        raise PackError(
+            f"destination {store.url} is not empty and is not a dlfs dataset (it holds {foreign[0]}); "
+            f"use an empty {kind}"
+        )
     if fmt.INDEX_NAME not in names:
         return None
     if not options.force:
-        raise PackError(f"destination {dst} already holds a dlfs dataset; pass --force to replace it")
+        raise PackError(f"destination {store.url} already holds a dlfs dataset; pass --force to replace it")
     try:
         return Index.load(store).dataset_id
     except DatasetError:  # an unreadable old index protects nothing; it is replaced like any leftover

@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from dlfs.core.errors import PackError
+from dlfs.core.store import StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class PackOptions:
     #: Wait for the disk before publishing the index; off, pack is as safe as tar or cp: a power
     #: loss soon after may leave shards shorter than the index says, which the mount refuses.
     sync: bool = True
+    #: How to reach an ``s3://`` destination.
+    store: StoreOptions = field(default_factory=StoreOptions)
 
 
 @dataclass

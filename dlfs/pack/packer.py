@@ -22,9 +22,9 @@ from tqdm import tqdm
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store import LocalStore, Store
+from dlfs.core.store import LocalStore, Store, is_s3, open_store
 from dlfs.pack.columns import Placed, index_arrays
-from dlfs.pack.destination import check_destination, locked, remove_leftovers
+from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.placement import placement_order
 from dlfs.pack.walk import Tree, walk
@@ -35,28 +35,53 @@ PROGRESS_EVERY = 256
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
-    """Pack ``src`` into the dataset directory ``dst``; see the module docstring for guarantees."""
+    """Pack ``src`` into the dataset directory or ``s3://`` prefix ``dst``; see the module docstring
+    for guarantees."""
     if options.order not in ORDERS:
         raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
     if options.shard_size < 4096:
         raise PackError("shard size must be at least 4 KiB")
-    src_path, dst_path = Path(src), Path(dst)
+    src_path = Path(src)
     if not src_path.exists():
         raise PackError(f"source {src} does not exist")
     if not src_path.is_dir():
         raise PackError(f"source {src} is not a directory")
-    store = LocalStore(dst_path, durable=options.sync)
     started = time.monotonic()
-    old_id = check_destination(src_path, dst_path, store, options)
+    if is_s3(dst):
+        summary = _pack_to_bucket(src_path, str(dst), options)
+    else:
+        summary = _pack_to_directory(src_path, Path(dst), options)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _pack_to_directory(src: Path, dst: Path, options: PackOptions) -> PackSummary:
+    store = LocalStore(dst, durable=options.sync)
+    old_id = check_destination(src, dst, store, options)
     try:
         with locked(dst):
-            remove_leftovers(store, old_id)
-            summary = _pack_locked(os.fsencode(src_path), store, options)
-            if old_id:
-                remove_leftovers(store, summary.dataset_id)
+            return _replace(src, store, old_id, options)
     finally:
         store.close()
-    summary.seconds = time.monotonic() - started
+
+
+def _pack_to_bucket(src: Path, dst: str, options: PackOptions) -> PackSummary:
+    """Shards stream up as multipart uploads and the index goes up last, so the prefix never
+    holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
+    once are not detected."""
+    store = open_store(dst, options=options.store)
+    try:
+        return _replace(src, store, replaced_dataset(store, options, "prefix"), options)
+    finally:
+        store.close()
+
+
+def _replace(src: Path, store: Store, old_id: str | None, options: PackOptions) -> PackSummary:
+    """Pack into ``store`` in place of dataset ``old_id``, removing what earlier runs left."""
+    remove_leftovers(store, old_id)
+    summary = _pack_locked(os.fsencode(src), store, options)
+    if old_id:
+        remove_leftovers(store, summary.dataset_id)
     return summary
 
 

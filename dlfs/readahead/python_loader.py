@@ -122,6 +122,7 @@ class PythonLoader:
         try:
             return self.reader.decode(row, stored)
         except DlfsError:
+            self.reader.forget(row)  # a damaged block of a disk tier: the file's own read refetches it
             return None
 
     def _push_all(self, items: list[tuple[int, Payload]]) -> list[tuple[int, Payload]]:

@@ -1,19 +1,58 @@
-"""The store layer: the interface (``interface``) and its backends (``local``), chosen by location."""
+"""The store layer: the interface (``interface``), its backends (``local``, ``s3``) and the disk tier
+in front of a remote one (``cached``), chosen by location."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from dlfs.core.store.interface import Descriptors, ShardWriter, Store
+from dlfs.core.errors import DatasetError
+from dlfs.core.store.cached import CachedStore
+from dlfs.core.store.interface import Descriptors, Forgets, ShardWriter, Store, StoreOptions
 from dlfs.core.store.local import LocalStore
+from dlfs.core.store.s3 import is_s3
 
-__all__ = ["Descriptors", "LocalStore", "ShardWriter", "Store", "open_store"]
+__all__ = [
+    "CachedStore",
+    "Descriptors",
+    "Forgets",
+    "LocalStore",
+    "ShardWriter",
+    "Store",
+    "StoreOptions",
+    "index_copies",
+    "is_s3",
+    "open_store",
+]
 
 
-def open_store(location: str | os.PathLike[str], random_access: bool = False) -> Store:
-    """The backend for a dataset location: a local directory (the one backend there is).
+def open_store(
+    location: str | os.PathLike[str], random_access: bool = False, options: StoreOptions | None = None
+) -> Store:
+    """The backend for a dataset location: ``s3://bucket/prefix`` (with the disk tier when
+    ``options.cache_dir`` is set) or a local directory.
 
     ``random_access``: reads will not follow storage order (a mount), so reading ahead of each
     read in storage order only wastes bandwidth.
     """
+    options = options or StoreOptions()
+    if is_s3(location):
+        from dlfs.core.store.s3 import S3Store
+
+        store: Store = S3Store(str(location), options)
+        if options.cache_dir:
+            return CachedStore(store, options.cache_dir, options.cache_dir_size or None)
+        return store
+    if options.cache_dir:
+        raise DatasetError(
+            f"--cache-dir keeps blocks of datasets in object storage; {location} is a local directory, "
+            "which the page cache already keeps"
+        )
     return LocalStore(location, random_access)
+
+
+def index_copies(options: StoreOptions) -> Path:
+    """Where local copies of remote indexes live: beside the disk tier, else in the user's cache."""
+    if options.cache_dir:
+        return Path(options.cache_dir) / "indexes"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dlfs" / "indexes"

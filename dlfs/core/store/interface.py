@@ -9,7 +9,22 @@ optional ``Descriptors`` interface. Everything here is blocking: callers on the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How to reach a store and what may sit in front of it; local directories use none of it."""
+
+    #: An S3-compatible endpoint (Ceph RGW, SeaweedFS, MinIO); None: the AWS way (AWS_ENDPOINT_URL,
+    #: the profile's ``endpoint_url``, else AWS itself).
+    endpoint_url: str | None = None
+    #: Seconds one request may take, and retries of a failing one may go on, before a read fails.
+    timeout: float = 30.0
+    #: A local directory caching ranges of the shards (``dlfs.core.store.cached``), and its budget.
+    cache_dir: str | None = None
+    cache_dir_size: int = 0
 
 
 class ShardWriter(Protocol):
@@ -54,6 +69,9 @@ class Store(Protocol):
     def size(self, name: str) -> int | None:
         """The object's size, or None when it does not exist."""
 
+    def sizes(self) -> dict[str, int]:
+        """Every object's size by name (one listing, however many shards)."""
+
     def names(self) -> list[str]: ...
 
     def map_index(self, name: str) -> memoryview:
@@ -77,3 +95,11 @@ class Descriptors(Protocol):
     def descriptor(self, name: str, direct: bool = False) -> int | None:
         """A descriptor to ``pread`` the object from. ``direct``: one that bypasses the page cache
         (O_DIRECT), or None where the filesystem cannot."""
+
+
+@runtime_checkable
+class Forgets(Protocol):
+    """A store with a tier of its own (``cached``): bytes that failed a checksum are dropped there,
+    so that reading them again goes to the source."""
+
+    def forget(self, name: str, offset: int, length: int) -> None: ...

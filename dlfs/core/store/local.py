@@ -199,8 +199,11 @@ class LocalStore:
         except FileNotFoundError:
             return None
 
+    def sizes(self) -> dict[str, int]:
+        return {entry.name: entry.stat().st_size for entry in os.scandir(self.root) if entry.is_file()}
+
     def names(self) -> list[str]:
-        return sorted(entry.name for entry in os.scandir(self.root) if entry.is_file())
+        return sorted(self.sizes())
 
     def map_index(self, name: str) -> memoryview:
         import mmap

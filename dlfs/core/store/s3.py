@@ -1,0 +1,368 @@
+"""A dataset in an S3-compatible bucket (AWS, Ceph RGW, SeaweedFS, MinIO): ``s3://bucket/prefix``.
+
+The client is obstore (Rust's ``object_store``): its blocking calls release the GIL, so the mount's
+storage threads and the read-ahead's batches each keep a ranged GET in flight at once, and it
+retries transient failures (5xx, resets, timeouts) with jittered exponential backoff. Endpoint,
+region and credentials are found the standard AWS way by boto3's session (environment, profiles,
+``~/.aws/config`` and ``credentials``, SSO, instance roles); obstore asks it for credentials again
+every ``CREDENTIALS_TTL``, and botocore renews temporary ones before they expire, so a job outlives
+its first session token. Credentials never reach a log line or an error message.
+
+Shards are uploaded as they are written: a multipart upload fed through a bounded pipe, so a
+shard is never whole in memory; a failed or interrupted upload is aborted, and nothing is visible
+under its name until it completes. ``put_atomic`` is one PUT, atomic on every S3 implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from dlfs.core.errors import DatasetError, StoreError
+from dlfs.core.store.interface import ShardWriter, StoreOptions
+
+log = logging.getLogger(__name__)
+
+SCHEME = "s3://"
+#: Multipart upload part size: S3 takes 5 MiB to 5 GiB; 16 MiB keeps a 1 GiB shard at 64 parts.
+PART_SIZE = 16 << 20
+#: Parts of one shard uploading at once; with the pipe, what a shard upload holds in memory.
+PART_CONCURRENCY = 4
+#: Bytes written to a shard that wait for its upload before ``write`` blocks the packer.
+PIPE_BYTES = 2 * PART_SIZE
+#: How long obstore keeps the credentials it was given before asking boto3 again (boto3 renews
+#: temporary credentials some minutes before they expire).
+CREDENTIALS_TTL = datetime.timedelta(seconds=60)
+CONNECT_TIMEOUT = datetime.timedelta(seconds=5)
+AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
+
+
+def is_s3(location: object) -> bool:
+    return isinstance(location, str) and location.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class Location:
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> Location:
+        parsed = urlparse(url)
+        bucket, prefix = parsed.netloc, parsed.path.strip("/")
+        if parsed.scheme != "s3" or not bucket or parsed.query or parsed.fragment:
+            raise DatasetError(f"{url} is not an S3 location; write s3://BUCKET or s3://BUCKET/PREFIX")
+        return cls(bucket, prefix)
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
+
+
+class _Credentials:
+    """boto3's credentials, handed to obstore on request (an ``S3CredentialProvider``)."""
+
+    def __init__(self, credentials: Any) -> None:
+        self._credentials = credentials
+
+    def __call__(self) -> dict[str, Any]:
+        frozen = self._credentials.get_frozen_credentials()  # renewed by botocore when near expiry
+        return {
+            "access_key_id": frozen.access_key,
+            "secret_access_key": frozen.secret_key,
+            "token": frozen.token,
+            "expires_at": datetime.datetime.now(datetime.UTC) + CREDENTIALS_TTL,
+        }
+
+
+_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
+
+
+class S3Store:
+    """An S3 prefix as a flat namespace of immutable objects, read by ranged GETs.
+
+    ``requests`` and ``received`` count GETs and their bytes (the mount's store statistics).
+    """
+
+    def __init__(self, url: str, options: StoreOptions | None = None) -> None:
+        try:
+            import boto3  # noqa: F401 - only to say what is missing before anything else
+            import obstore.store
+        except ImportError as exc:
+            raise StoreError(
+                f"s3:// locations need {exc.name}: install dlfs with its s3 extra (pip install 'dlfs[s3]')"
+            ) from None
+        options = options or StoreOptions()
+        self.location = Location.parse(url)
+        self.url = str(self.location)
+        self.writes_in_place = False
+        self.requests = 0
+        self.received = 0
+        self.endpoint, region, credentials = _aws_settings(options, self.url)
+        config: dict[str, Any] = {"region": region}
+        if not AWS_HOST.search(urlparse(self.endpoint).hostname or ""):
+            config["endpoint"] = self.endpoint  # AWS itself: obstore builds the regional endpoint
+        timeout = datetime.timedelta(seconds=options.timeout)
+        self._store = obstore.store.S3Store(
+            self.location.bucket,
+            prefix=self.location.prefix or None,
+            config=config,
+            client_options={
+                "allow_http": self.endpoint.startswith("http://"),
+                "connect_timeout": CONNECT_TIMEOUT,
+                "timeout": timeout,  # a stalled connection never holds a read longer than this
+            },
+            retry_config={
+                "max_retries": 16,
+                "retry_timeout": timeout,
+                "backoff": {
+                    "init_backoff": datetime.timedelta(milliseconds=100),
+                    "max_backoff": datetime.timedelta(seconds=4),
+                    "base": 2,
+                },
+            },
+            credential_provider=_Credentials(credentials),
+        )
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """obstore's errors (many lines, the whole HTTP exchange) as one line for the user."""
+        import obstore.exceptions as obe
+
+        try:
+            yield
+        except FileNotFoundError as exc:
+            if "NoSuchBucket" in str(exc):
+                raise StoreError(self._no_bucket()) from None
+            raise StoreError(f"{what}: no such object") from None
+        except (obe.BaseError, OSError) as exc:
+            raise StoreError(self._explain(what, exc)) from None
+
+    def _no_bucket(self) -> str:
+        return f"bucket {self.location.bucket} does not exist at {self.endpoint}; create it or fix the URL"
+
+    def _explain(self, what: str, exc: Exception) -> str:
+        import obstore.exceptions as obe
+
+        text = str(exc)
+        match = _CODE.search(text)
+        code = match.group(1) if match else None
+        if code == "NoSuchBucket":
+            return self._no_bucket()
+        if code in _DENIED or isinstance(exc, obe.PermissionDeniedError | obe.UnauthenticatedError):
+            return (
+                f"{what}: access denied by {self.endpoint} ({code or 'HTTP 403'}); check the credentials "
+                "(AWS_PROFILE, AWS_ACCESS_KEY_ID, ~/.aws/credentials) and the bucket's permissions"
+            )
+        if "error sending request" in text or "timed out" in text:
+            return (
+                f"{what}: no answer from {self.endpoint} (after retries); "
+                "check --endpoint-url and the network"
+            )
+        first = text.splitlines()[0] if text else type(exc).__name__
+        return f"{what}: {first[:300]}"
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        import obstore
+
+        if length <= 0:
+            return b""
+        with self._errors(f"reading {self.url}/{name} at {offset}"):
+            data = obstore.get_range(self._store, name, start=offset, length=length)
+        self.requests += 1
+        self.received += len(data)
+        return bytes(data)
+
+    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
+        if not wait:
+            return None  # nothing of an object store is in memory
+        data = self.read(name, offset, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def will_read(self, name: str, offset: int, length: int) -> None:
+        """Nothing: every ranged GET is its own request, in flight as soon as it is asked for."""
+
+    def size(self, name: str) -> int | None:
+        import obstore
+
+        with self._errors(f"looking up {self.url}/{name}"):
+            try:
+                return int(obstore.head(self._store, name)["size"])
+            except FileNotFoundError:
+                # A HEAD's 404 has no body to tell a missing object from a missing bucket.
+                self.sizes()  # raises for a missing bucket
+                return None
+
+    def sizes(self) -> dict[str, int]:
+        """Every object directly under the prefix, and each deeper "folder" as ``name/`` (size 0)."""
+        import obstore
+
+        with self._errors(f"listing {self.url}"):
+            listing = obstore.list_with_delimiter(self._store)
+        found = {meta["path"]: int(meta["size"]) for meta in listing["objects"]}
+        found.update({folder.rstrip("/") + "/": 0 for folder in listing["common_prefixes"]})
+        return found
+
+    def names(self) -> list[str]:
+        return sorted(self.sizes())
+
+    def map_index(self, name: str) -> memoryview:
+        import obstore
+
+        with self._errors(f"reading {self.url}/{name}"):
+            try:
+                data = obstore.get(self._store, name).bytes()
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc):
+                    raise
+                message = f"{self.url} is not a dlfs dataset (no {name}); run dlfs pack first"
+                raise DatasetError(message) from None
+        self.requests += 1
+        self.received += len(data)
+        return memoryview(bytes(data))
+
+    def put_atomic(self, name: str, data: bytes) -> None:
+        import obstore
+
+        with self._errors(f"writing {self.url}/{name}"):
+            obstore.put(self._store, name, data, use_multipart=False)
+
+    def create(self, name: str) -> ShardWriter:
+        return _S3Writer(self, name)
+
+    def upload(self, name: str, parts: Iterator[bytes | memoryview]) -> None:
+        """A multipart upload of everything ``parts`` yields; aborted when it raises."""
+        import obstore
+
+        with self._errors(f"uploading {self.url}/{name}"):
+            obstore.put(
+                self._store,
+                name,
+                parts,
+                use_multipart=True,
+                chunk_size=PART_SIZE,
+                max_concurrency=PART_CONCURRENCY,
+            )
+
+    def delete(self, name: str) -> None:
+        import obstore
+
+        with self._errors(f"deleting {self.url}/{name}"):
+            obstore.delete(self._store, name)
+
+    def close(self) -> None:
+        """Nothing to release: connections close with the client."""
+
+
+def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
+    """(endpoint, region, credentials) the way the AWS CLI finds them, ``--endpoint-url`` first."""
+    import boto3
+    import botocore.exceptions
+
+    try:
+        session = boto3.Session()
+        credentials = session.get_credentials()
+        region = session.region_name or "us-east-1"
+        endpoint = options.endpoint_url or session.client("s3", region_name=region).meta.endpoint_url
+    except botocore.exceptions.BotoCoreError as exc:
+        raise StoreError(f"cannot set up access to {url}: {exc}") from None
+    if credentials is None:
+        raise StoreError(
+            f"no AWS credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or AWS_PROFILE with ~/.aws/credentials"
+        )
+    return endpoint.rstrip("/"), region, credentials
+
+
+class _UploadPipe:
+    """Bytes handed from the packer's thread to an upload's, at most ``limit`` waiting.
+
+    Iterating yields what was put until ``close``; after ``fail`` the iteration raises, which
+    makes obstore abort the multipart upload.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held = 0
+        self._items: list[bytes | memoryview] = []
+        self._closed = False
+        self._failed = False
+        self._cond = threading.Condition()
+
+    def put(self, data: bytes | memoryview, alive: threading.Thread) -> None:
+        with self._cond:
+            while self._held and self._held + len(data) > self._limit and alive.is_alive():
+                self._cond.wait(0.5)
+            self._items.append(data)
+            self._held += len(data)
+            self._cond.notify_all()
+
+    def close(self, failed: bool = False) -> None:
+        with self._cond:
+            self._closed = True
+            self._failed = failed
+            self._cond.notify_all()
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        while True:
+            with self._cond:
+                while not self._items and not self._closed:
+                    self._cond.wait()
+                if self._failed:
+                    raise StoreError("upload aborted")
+                if not self._items:
+                    return
+                items, self._items = self._items, []
+                self._held = 0
+                self._cond.notify_all()
+            yield from items
+
+
+class _S3Writer:
+    """One shard's multipart upload, running in its own thread while the packer writes."""
+
+    def __init__(self, store: S3Store, name: str) -> None:
+        self._store = store
+        self._name = name
+        self._pipe = _UploadPipe(PIPE_BYTES)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._upload, name=f"dlfs-upload-{name}", daemon=True)
+        self._thread.start()
+
+    def _upload(self) -> None:
+        try:
+            self._store.upload(self._name, iter(self._pipe))
+        except BaseException as exc:
+            self._error = exc
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._raise_failure()
+        self._pipe.put(data, self._thread)
+        self._raise_failure()
+
+    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
+        raise NotImplementedError("an S3 object is written in order")
+
+    def written_through(self, end: int) -> None:
+        """Nothing: every written byte is on its way already."""
+
+    def commit(self, size: int | None = None) -> None:
+        self._pipe.close()
+        self._thread.join()
+        self._raise_failure()
+
+    def abort(self) -> None:
+        self._pipe.close(failed=True)
+        self._thread.join()

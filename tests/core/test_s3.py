@@ -1,0 +1,192 @@
+"""The S3 backend against a real S3 server (SeaweedFS): pack, verify, ls, info, the index's local
+copy, failed packs that leave nothing behind, and one-line errors for wrong settings."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dlfs.bench.seaweed import SeaweedServer
+from dlfs.core import format as fmt
+from dlfs.core.errors import DatasetError, PackError
+from dlfs.core.index import Index
+from dlfs.core.store import StoreOptions, index_copies, open_store
+from dlfs.core.store.s3 import S3Store
+from dlfs.pack import PackOptions, pack
+from dlfs.pack.writers import InOrderShards
+from tests.conftest import SMALL_SHARD, assert_one_line_error, dlfs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def objects(server: SeaweedServer, url: str) -> list[str]:
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    listing = server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sorted(item["Key"] for item in listing.get("Contents", []))
+
+
+def open_uploads(server: SeaweedServer, url: str) -> list[str]:
+    bucket = url.removeprefix("s3://").partition("/")[0]
+    return [
+        upload["Key"] for upload in server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    ]
+
+
+def test_a_tree_packed_into_a_bucket_lists_verifies_and_describes_as_a_local_pack(
+    odd_tree: Path, tmp_path: Path, s3: str
+) -> None:
+    url = f"{s3}/imagenet/train"
+    local = tmp_path / "local"
+    for dst in (str(local), url):
+        dlfs("pack", odd_tree, dst, "--shard-size", str(SMALL_SHARD))
+    assert dlfs("ls", "-lR", url).stdout == dlfs("ls", "-lR", local).stdout
+    assert "OK: checked" in dlfs("verify", url).stdout
+    info = dlfs("info", url).stdout
+    assert "shards:" in info and "dataset_id:" in info
+    index = Index.load(open_store(url), index_copies(StoreOptions()))
+    assert index.count == Index.load(open_store(local)).count
+    assert len(index.shard_names) > 3  # several shards, each a multipart upload of its own
+
+
+def test_pack_refuses_a_dataset_without_force_and_replaces_it_with(
+    odd_tree: Path, s3_server, s3: str
+) -> None:
+    url = f"{s3}/ds"
+    dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD))
+    first = set(objects(s3_server, url))
+    assert_one_line_error(dlfs("pack", odd_tree, url, check=False), "already holds a dlfs dataset", "--force")
+    dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD), "--force")
+    second = set(objects(s3_server, url))
+    assert first & second == {"ds/" + fmt.INDEX_NAME}  # the old shards are gone, the index replaced
+    assert "OK" in dlfs("verify", url).stdout
+
+
+def test_pack_refuses_a_prefix_holding_other_objects(odd_tree: Path, s3_server, s3: str) -> None:
+    bucket = s3.removeprefix("s3://")
+    s3_server.client().put_object(Bucket=bucket, Key="mine/notes.txt", Body=b"keep me")
+    result = dlfs("pack", odd_tree, f"{s3}/mine", check=False)
+    assert_one_line_error(result, "not empty and is not a dlfs dataset", "notes.txt")
+    assert objects(s3_server, f"{s3}/mine") == ["mine/notes.txt"]
+
+
+@pytest.mark.parametrize("after", [2, 200])
+def test_a_failed_pack_leaves_no_object_and_no_open_upload(
+    odd_tree: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch, after: int
+) -> None:
+    """The source fails mid-pack (a shard being uploaded, others complete): every shard and every
+    multipart upload goes, and nothing mountable was ever published."""
+    put = InOrderShards.put
+    calls = iter(range(10**6))
+
+    def failing_put(self, *args, **kwargs):
+        if next(calls) == after:
+            raise OSError(5, "Input/output error")
+        return put(self, *args, **kwargs)
+
+    monkeypatch.setattr(InOrderShards, "put", failing_put)
+    url = f"{s3}/failed"
+    with pytest.raises(PackError, match="Input/output error"):
+        pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    assert objects(s3_server, url) == []
+    assert open_uploads(s3_server, url) == []
+
+
+def test_the_index_is_copied_once_per_dataset_id_and_refetched_when_damaged(
+    odd_tree: Path, tmp_path: Path, s3: str
+) -> None:
+    url = f"{s3}/copied"
+    pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    copies = tmp_path / "copies"
+    first = S3Store(url)
+    index = Index.load(first, copies)
+    copy = copies / f"{index.dataset_id}.index.dlfs"
+    assert copy.read_bytes() == bytes(first.map_index(fmt.INDEX_NAME))
+    again = S3Store(url)
+    Index.load(again, copies)
+    assert again.requests == 2 and again.received < 4096  # the header and the meta, not the index
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    damaged = S3Store(url)
+    assert Index.load(damaged, copies).count == index.count
+    assert damaged.received > len(data)  # fetched whole again
+
+
+def test_wrong_bucket_credentials_or_endpoint_are_one_line_errors(
+    packed: Path, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert_one_line_error(
+        dlfs("info", "s3://no-such-bucket-here/x", check=False), "bucket no-such-bucket-here"
+    )
+    assert_one_line_error(dlfs("ls", f"{s3}/nothing", check=False), "not a dlfs dataset", "dlfs pack")
+    assert_one_line_error(dlfs("info", "s3:///x", check=False), "s3://BUCKET")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    started = time.monotonic()
+    result = dlfs(
+        "info", f"{s3}/x", "--endpoint-url", f"http://127.0.0.1:{port}", "--store-timeout", "2", check=False
+    )
+    assert_one_line_error(result, "no answer from", f"127.0.0.1:{port}")
+    assert time.monotonic() - started < 30
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    result = dlfs("info", f"{s3}/x", check=False)
+    assert_one_line_error(result, "access denied", "credentials")
+    assert "not-the-secret" not in result.stderr
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    assert_one_line_error(dlfs("info", f"{s3}/x", check=False), "no AWS credentials")
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port that accepts connections and never answers: a stalled store."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def test_a_store_that_never_answers_fails_after_the_timeout_not_never(s3: str, silent_server: int) -> None:
+    started = time.monotonic()
+    result = dlfs(
+        "ls",
+        f"{s3}/x",
+        "--endpoint-url",
+        f"http://127.0.0.1:{silent_server}",
+        "--store-timeout",
+        "2",
+        check=False,
+    )
+    assert_one_line_error(result, "no answer from")
+    assert time.monotonic() - started < 20
+
+
+def test_a_local_dataset_takes_no_cache_dir(packed: Path, tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="object storage"):
+        open_store(packed, options=StoreOptions(cache_dir=str(tmp_path / "cache")))
