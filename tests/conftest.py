@@ -29,6 +29,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
 SMALL_SHARD = 64 * 1024
 FIXED_NS = 1_600_000_000_123_456_789
+TEST_BUCKET = "dlfs-tests"
 
 
 def dlfs(
@@ -276,7 +277,8 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServe
 
 def use_s3(server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """Point the AWS environment (this process and the CLIs it starts) at ``server``; a fresh
-    bucket's URL. Index copies go under ``tmp_path``, not the user's cache."""
+    prefix's URL in its one bucket (SeaweedFS gives each bucket volumes of its own, and runs out of
+    them after a few). Index copies go under ``tmp_path``, not the user's cache."""
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
@@ -284,12 +286,12 @@ def use_s3(server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    bucket = "t-" + uuid.uuid4().hex[:16]
-    server.create_bucket(bucket)
-    return f"s3://{bucket}"
+    if not server.client().list_buckets()["Buckets"]:
+        server.create_bucket(TEST_BUCKET)
+    return f"s3://{TEST_BUCKET}/{uuid.uuid4().hex[:16]}"
 
 
 @pytest.fixture
 def s3(s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    """A fresh bucket on the session's S3 server, with the environment pointing at it."""
+    """A fresh prefix on the session's S3 server, with the environment pointing at it."""
     return use_s3(s3_server, monkeypatch, tmp_path)

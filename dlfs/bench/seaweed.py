@@ -70,6 +70,8 @@ class SeaweedServer:
         self.access_key = "dlfs-" + uuid.uuid4().hex[:12]
         self.secret_key = uuid.uuid4().hex
         self.port = 0
+        #: Chosen at the first start and kept, so a restarted server is where clients left it.
+        self._ports: list[int] = []
         self._process: subprocess.Popen[bytes] | None = None
         self.log_path = self.root / "weed.log"
 
@@ -96,7 +98,8 @@ class SeaweedServer:
         }
         config.write_text(json.dumps({"identities": [identity]}))
         # Free on the host's loopback; inside a fresh namespace every port is free.
-        master, volume, filer, s3, *grpc = free_ports(8)
+        self._ports = self._ports or free_ports(8)
+        master, volume, filer, s3, *grpc = self._ports
         self.port = s3
         command = [
             *self.prefix, weed_binary(), "server", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
@@ -105,7 +108,8 @@ class SeaweedServer:
             f"-filer.port={filer}", f"-filer.port.grpc={grpc[2]}",
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={grpc[3]}", f"-s3.config={config}",
             "-master.volumeSizeLimitMB=1024", "-volume.max=0", "-volume.preStopSeconds=0",
-            "-master.telemetry=false",
+            # Off: fixed ports, on which a second server on this machine would clash.
+            "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(

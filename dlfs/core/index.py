@@ -85,16 +85,14 @@ class Index:
         source = f"{store.url}/{fmt.INDEX_NAME}"
         if copies is None or isinstance(store, Descriptors):
             buf = store.map_index(fmt.INDEX_NAME)
+            decoded = fmt.decode_index(buf, source)
         else:
             buf = _local_copy(store, copies, source)
-        try:
-            decoded = fmt.decode_index(buf, source)
-        except DatasetError:
-            if not isinstance(buf.obj, mmap.mmap):
-                raise
-            buf.release()  # a damaged copy: fetch the store's again
-            buf = _local_copy(store, copies, source, refresh=True)
-            decoded = fmt.decode_index(buf, source)
+            try:
+                decoded = fmt.decode_index(buf, source)
+            except DatasetError:  # a damaged copy: fetch the store's again
+                buf = _local_copy(store, copies, source, refresh=True)
+                decoded = fmt.decode_index(buf, source)
         # The whole-file checksum touched every page. Unmap them from this process (they stay in
         # the page cache): RSS then counts only what queries touch, and the kernel may reclaim the
         # rest under pressure instead of the daemon pinning the whole index.

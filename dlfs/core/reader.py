@@ -105,7 +105,12 @@ class Reader:
         buffer = memoryview(bytearray(stored))
         if self.fetch_into(row, int(self.index.offset[row]), buffer, wait=False) is None:
             return None
-        return bytes(self.decode(row, buffer))
+        try:
+            return bytes(self.decode(row, buffer))
+        except IntegrityError:
+            if self.forget(row):
+                return None  # ``load`` reads it again from the source
+            raise
 
     def decode(self, row: int, stored: bytes | memoryview) -> bytes | memoryview:
         """Stored payload -> original bytes, verified against the file's checksum."""

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import SMALL_SHARD, assert_one_line_error, dlfs
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
@@ -19,22 +20,26 @@ from dlfs.core.store import StoreOptions, index_copies, open_store
 from dlfs.core.store.s3 import S3Store
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.writers import InOrderShards
-from tests.conftest import SMALL_SHARD, assert_one_line_error, dlfs
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def objects(server: SeaweedServer, url: str) -> list[str]:
+def split(url: str) -> tuple[str, str]:
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
-    listing = server.client().list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sorted(item["Key"] for item in listing.get("Contents", []))
+    return bucket, prefix
+
+
+def objects(server: SeaweedServer, url: str) -> list[str]:
+    """Keys under ``url``, relative to it."""
+    bucket, prefix = split(url)
+    listing = server.client().list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return sorted(item["Key"].removeprefix(prefix + "/") for item in listing.get("Contents", []))
 
 
 def open_uploads(server: SeaweedServer, url: str) -> list[str]:
-    bucket = url.removeprefix("s3://").partition("/")[0]
-    return [
-        upload["Key"] for upload in server.client().list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-    ]
+    bucket, prefix = split(url)
+    uploads = server.client().list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads", [])
+    return [upload["Key"] for upload in uploads]
 
 
 def test_a_tree_packed_into_a_bucket_lists_verifies_and_describes_as_a_local_pack(
@@ -62,16 +67,16 @@ def test_pack_refuses_a_dataset_without_force_and_replaces_it_with(
     assert_one_line_error(dlfs("pack", odd_tree, url, check=False), "already holds a dlfs dataset", "--force")
     dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD), "--force")
     second = set(objects(s3_server, url))
-    assert first & second == {"ds/" + fmt.INDEX_NAME}  # the old shards are gone, the index replaced
+    assert first & second == {fmt.INDEX_NAME}  # the old shards are gone, the index replaced
     assert "OK" in dlfs("verify", url).stdout
 
 
 def test_pack_refuses_a_prefix_holding_other_objects(odd_tree: Path, s3_server, s3: str) -> None:
-    bucket = s3.removeprefix("s3://")
-    s3_server.client().put_object(Bucket=bucket, Key="mine/notes.txt", Body=b"keep me")
+    bucket, prefix = split(s3)
+    s3_server.client().put_object(Bucket=bucket, Key=f"{prefix}/mine/notes.txt", Body=b"keep me")
     result = dlfs("pack", odd_tree, f"{s3}/mine", check=False)
     assert_one_line_error(result, "not empty and is not a dlfs dataset", "notes.txt")
-    assert objects(s3_server, f"{s3}/mine") == ["mine/notes.txt"]
+    assert objects(s3_server, f"{s3}/mine") == ["notes.txt"]
 
 
 @pytest.mark.parametrize("after", [2, 200])

@@ -29,6 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from dlfs.core.errors import StoreError
+from dlfs.core.format import SHARD_SUFFIX
 from dlfs.core.store.interface import ShardWriter, Store
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class CachedStore:
         self._lock_fd = self._take_directory()
         self._lock = threading.Lock()
         self._lru: OrderedDict[Key, int] = OrderedDict()
+        #: Blocks being written: counted in ``used``, not yet readable.
+        self._writing: set[Key] = set()
         self.used = 0
         self.hits = 0
         self.hit_bytes = 0
@@ -106,23 +109,26 @@ class CachedStore:
         for _, key, size in sorted(found):
             self._lru[key] = size
             self.used += size
-        self._evict(0)
+        self._unlink(self._evict(0))
         if found:
             log.info("cache %s: %d blocks, %d bytes kept", self.directory, len(self._lru), self.used)
 
     def _path(self, key: Key) -> Path:
         return self._blocks / key[0] / str(key[1])
 
-    def _evict(self, room: int) -> None:
-        """Drop least recently used blocks until ``room`` more bytes fit the budget."""
+    def _evict(self, room: int) -> list[Key]:
+        """Drop least recently used blocks from the accounts until ``room`` more bytes fit the
+        budget (the caller holds the lock); their files are the caller's to ``_unlink``."""
         doomed = []
-        with self._lock:
-            while self._lru and self.used + room > self.budget:
-                key, size = self._lru.popitem(last=False)
-                self.used -= size
-                self.evictions += 1
-                doomed.append(key)
-        for key in doomed:
+        while self._lru and self.used + room > self.budget:
+            key, size = self._lru.popitem(last=False)
+            self.used -= size
+            self.evictions += 1
+            doomed.append(key)
+        return doomed
+
+    def _unlink(self, keys: list[Key]) -> None:
+        for key in keys:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(key))
 
@@ -145,28 +151,40 @@ class CachedStore:
         return data
 
     def _keep(self, key: Key, block: bytes | memoryview) -> None:
+        """Write a fetched block; its room is taken from the budget before the write, so threads
+        keeping blocks at once never overrun it together."""
         if len(block) > self.budget:
             return
         with self._lock:
-            if key in self._lru:
+            if key in self._lru or key in self._writing:
                 return
-        self._evict(len(block))
+            doomed = self._evict(len(block))
+            room = self.used + len(block) <= self.budget  # else blocks being written hold it
+            if room:
+                self.used += len(block)
+                self._writing.add(key)
+        self._unlink(doomed)
+        if not room:
+            return
         path = self._path(key)
         temporary = path.with_name(f".{key[1]}.{threading.get_ident()}.tmp")
+        kept = False
         try:
             path.parent.mkdir(exist_ok=True)
             with open(temporary, "wb") as f:
                 f.write(block)
             os.replace(temporary, path)
+            kept = True
         except OSError as exc:  # a full or failing cache disk costs speed, never a read
             log.warning("cache %s: cannot keep a block (%s); reading on without it", self.directory, exc)
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-            return
         with self._lock:
-            if key not in self._lru:
+            self._writing.discard(key)
+            if kept:
                 self._lru[key] = len(block)
-                self.used += len(block)
+            else:
+                self.used -= len(block)
 
     def _fetch(self, name: str, first: int, last: int) -> list[bytes]:
         """Blocks ``first``..``last`` of ``name`` from the store in one ranged read, each kept."""
@@ -180,6 +198,8 @@ class CachedStore:
         return blocks
 
     def read(self, name: str, offset: int, length: int) -> bytes:
+        if not name.endswith(SHARD_SUFFIX):
+            return self.inner.read(name, offset, length)  # the index has a local copy of its own
         if length <= 0:
             return b""
         end = offset + length
@@ -208,7 +228,8 @@ class CachedStore:
 
     def cached(self, name: str, offset: int, length: int) -> bool:
         """Are all of these bytes in the disk tier?"""
-        return all(self._has((name, k)) for k in range(offset // BLOCK, (offset + length - 1) // BLOCK + 1))
+        blocks = range(offset // BLOCK, (offset + length - 1) // BLOCK + 1)
+        return name.endswith(SHARD_SUFFIX) and all(self._has((name, k)) for k in blocks)
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         """``wait=False``: only from the disk tier (a local disk is what a read need not wait for)."""
@@ -233,8 +254,7 @@ class CachedStore:
                     doomed.append((name, number))
         for key in doomed:
             log.warning("cache %s: dropped %s block %d, which failed a check", self.directory, *key)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(key))
+        self._unlink(doomed)
 
     def stats(self) -> dict[str, int]:
         return {

@@ -1,0 +1,155 @@
+"""Mounting a dataset from a real S3 server (SeaweedFS): the tree byte for byte, the disk tier
+across epochs and remounts, two nodes each fetching their ranks' share, and a store that goes away
+and comes back."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMALL_SHARD, find_listing, use_s3, wait_until
+
+from dlfs.bench.seaweed import SeaweedServer
+from dlfs.core.protocol import order_path, parse_order
+from dlfs.core.store.cached import BLOCK
+from dlfs.pack import PackOptions, pack
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".dlfs" / "stats").read_text())
+
+
+def _same_tree(src: Path, mnt: Path) -> None:
+    assert find_listing(mnt) == find_listing(src)
+    for path in src.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert (mnt / path.relative_to(src)).read_bytes() == path.read_bytes(), path
+
+
+def _blocks(cache: Path) -> list[Path]:
+    """The block files of a disk tier (``blocks/<shard>/<number>``)."""
+    return sorted(path for path in (cache / "blocks").glob("*/*") if path.name.isdigit())
+
+
+def _classes(root: Path, classes: int = 6, per_class: int = 100, size: int = 30_000) -> Path:
+    for c in range(classes):
+        for k in range(per_class):
+            path = root / f"n{c:08d}" / f"n{c:08d}_{k:04d}.JPEG"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(os.urandom(size + 37 * k))
+    return root
+
+
+def test_a_bucket_mounts_as_the_tree_and_a_remount_reads_from_the_disk_tier(
+    odd_tree: Path, tmp_path: Path, s3: str, mount
+) -> None:
+    url = f"{s3}/odd"
+    pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M")
+    with mount(url, *cache) as mnt:
+        _same_tree(odd_tree, mnt)
+        first = _stats(mnt)
+        assert first["store"]["bytes"] > 0
+        assert first["disk_cache"]["misses"] > 0
+    with mount(url, *cache) as mnt:
+        before = _stats(mnt)["store"]
+        _same_tree(odd_tree, mnt)
+        after = _stats(mnt)
+        assert after["store"] == before  # every byte from the disk tier
+        assert after["disk_cache"]["hits"] > 0 and after["disk_cache"]["misses"] == 0
+
+
+def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
+    src = _classes(tmp_path / "src", classes=2, per_class=60)
+    url = f"{s3}/budget"
+    pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
+    cache = tmp_path / "cache"
+    budget = 2 * BLOCK
+    with mount(
+        url, "--cache-dir", str(cache), "--cache-dir-size", str(budget), "--prefetch-budget", "0"
+    ) as mnt:
+        _same_tree(src, mnt)
+        tier = _stats(mnt)["disk_cache"]
+        assert tier["used"] <= budget and tier["evictions"] > 0, tier
+    assert sum(block.stat().st_size for block in _blocks(cache)) <= budget
+
+
+def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Path, s3: str, mount) -> None:
+    src = _classes(tmp_path / "src", classes=2, per_class=60)
+    url = f"{s3}/damaged"
+    pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
+    flags = ("--cache-dir", str(tmp_path / "cache"), "--prefetch-budget", "0", "--cache-size", "0")
+    with mount(url, *flags) as mnt:
+        _same_tree(src, mnt)
+    blocks = _blocks(tmp_path / "cache")
+    for block in blocks:  # one flipped byte in each: a file in each fails its check
+        data = bytearray(block.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        block.write_bytes(bytes(data))
+    with mount(url, *flags) as mnt:
+        _same_tree(src, mnt)
+        assert _stats(mnt)["disk_cache"]["forgotten"] == len(blocks)
+
+
+def test_two_nodes_each_fetch_about_half_of_the_shards(tmp_path: Path, s3: str, mount) -> None:
+    """Two mounts of one bucket stand for two nodes, ranks 0 and 1 of 2. Each announces its rank by
+    reading its order file, and its read-ahead fetches that rank's files: together each shard byte
+    about once, each node about half. Block order gives each rank contiguous runs of the shards
+    (the window, far below a rank's share as with ImageNet's 4096 of 160k files per rank of 8)."""
+    src = _classes(tmp_path / "src")
+    url = f"{s3}/nodes"
+    pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
+    total = sum(path.stat().st_size for path in src.rglob("*.JPEG"))
+    flags = ("--order", "block", "--block", "32", "--window", "64", "--prefetch-budget", "8M")
+    fetched = []
+    with mount(url, *flags) as node0, mount(url, *flags) as node1:
+        for rank, mnt in enumerate((node0, node1)):
+            paths = parse_order(order_path(mnt, 0, 2, rank).read_bytes())
+            for path in paths:
+                assert (mnt / path).read_bytes() == (src / path).read_bytes()
+            fetched.append(_stats(mnt)["store"]["bytes"])
+    shares = [part / total for part in fetched]
+    assert all(0.35 < share < 0.75 for share in shares), shares
+    assert sum(shares) < 1.3, shares
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> SeaweedServer:
+    """A server of this test's own, which it may stop and start again."""
+    server = SeaweedServer(tmp_path / "own-server").start()
+    yield server
+    server.stop()
+
+
+def test_a_store_that_goes_away_gives_eio_in_bounded_time_and_reads_resume_when_it_returns(
+    tmp_path: Path, own_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, mount
+) -> None:
+    url = use_s3(own_server, monkeypatch, tmp_path) + "/outage"
+    src = _classes(tmp_path / "src", classes=2, per_class=20)
+    pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
+    files = sorted(src.rglob("*.JPEG"))
+    with mount(url, "--store-timeout", "3", "--prefetch-budget", "0", "--cache-size", "0") as mnt:
+        assert (mnt / files[0].relative_to(src)).read_bytes() == files[0].read_bytes()
+        own_server.stop()
+        started = time.monotonic()
+        with pytest.raises(OSError) as failure:
+            (mnt / files[-1].relative_to(src)).read_bytes()
+        assert failure.value.errno == errno.EIO
+        assert time.monotonic() - started < 15
+        own_server.start()
+        assert wait_until(lambda: _readable(mnt / files[-1].relative_to(src)), 30)
+        _same_tree(src, mnt)
+
+
+def _readable(path: Path) -> bool:
+    try:
+        path.read_bytes()
+    except OSError:
+        return False
+    return True

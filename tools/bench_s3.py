@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""dlfs over S3 against one object per file, on a real S3 server behind a shaped network.
+
+The server is SeaweedFS in a network namespace whose link is capped (``tbf``) and delayed by a
+proxy (``dlfs.bench.netshape``; default 1 Gbit/s, 10 ms RTT), so loopback does not flatter either
+side. On one generated ImageNet-shaped tree (the 20k JPEGs of bench-read):
+
+1. upload: one object per file with a pool of threads (the best of --threads, chosen on a subset of
+   --probe-files, then the whole tree), against ``dlfs pack SRC s3://...``;
+2. epoch read: every file in the published order, one GET per file (the best of --threads)
+   against the mount of the bucket (read-ahead on, no disk tier, page cache dropped), with the daemon's
+   RSS sampled throughout; and the same mount on local shards (cold), the figure to approach;
+3. the disk tier: an epoch that fills --cache-dir, then a remount whose epoch reads from it, against
+   the local shards; the disk tier's hit latency for one file (read and checksum verified, as the
+   daemon serves it) beside a memcached GET of the same size on loopback.
+
+Needs root (network namespace, dropping caches). One run; --json prints one document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import DLFS, dlfs_mount, drop_caches, ensure_tree, rss_bytes
+
+from dlfs import bench
+from dlfs.bench import objects
+from dlfs.bench.netshape import shaped_seaweed
+from dlfs.core import format as fmt
+from dlfs.core.index import Index
+from dlfs.core.store import CachedStore, StoreOptions, index_copies
+from dlfs.core.store.s3 import S3Store
+
+BUCKET = "bench"
+
+
+@contextmanager
+def rss_sampled(pid: int, every: float = 0.1) -> Iterator[list[int]]:
+    """The daemon's RSS every ``every`` seconds while the block runs."""
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(every):
+            try:
+                samples.append(rss_bytes(pid))
+            except OSError:
+                return
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join()
+
+
+def stats(mnt: Path) -> dict:
+    return json.loads((mnt / ".dlfs" / "stats").read_bytes())
+
+
+def epoch(mnt: Path, items: list[str], readers: int, batch: int) -> tuple[dict[str, float], dict]:
+    """One published-order epoch through a fresh mount, after ImageFolder's scan (untimed)."""
+    bench.imagefolder_scan(str(mnt))
+    before = stats(mnt)
+    run = bench.run_once(
+        bench.Root("mnt", str(mnt)), "orderread", items, bench.Options(readers=readers, batch=batch)
+    )
+    after = stats(mnt)
+    moved = {
+        tier: {key: after[tier][key] - before[tier][key] for key in after[tier]}
+        for tier in ("store", "disk_cache")
+        if after.get(tier)
+    }
+    return run, moved
+
+
+def best(counts: list[int], work: Callable[[int], objects.Result]) -> tuple[int, objects.Result, dict]:
+    """The thread count whose run moved the most objects per second, and every run's figure."""
+    tried = {threads: work(threads) for threads in counts}
+    threads = max(tried, key=lambda t: tried[t].objects_per_s)
+    return threads, tried[threads], {t: round(r.objects_per_s) for t, r in tried.items()}
+
+
+def hit_latency(url: str, cache_dir: Path, samples: int, seed: int = 0) -> dict[str, float]:
+    """Per-file reads from the disk tier as the daemon does them: the stored bytes, then the
+    checksum check. Warm: the block files in the page cache, as memcached's value is in RAM."""
+    store = CachedStore(S3Store(url), cache_dir)
+    try:
+        index = Index.load(store, index_copies(StoreOptions(cache_dir=str(cache_dir))))
+        rows = np.random.default_rng(seed).choice(index.file_rows(), samples, replace=False)
+        spans = [(index.shard_of(r), int(index.offset[r]), int(index.stored[r])) for r in rows.tolist()]
+        checks = [(int(index.flags[r]), int(index.size[r]), int(index.checksum[r])) for r in rows.tolist()]
+        for span in spans:  # untimed: the blocks into the page cache
+            store.read(*span)
+        requests = store.inner.requests
+        times = []
+        for span, (flags, size, checksum) in zip(spans, checks, strict=True):
+            started = time.perf_counter_ns()
+            fmt.decode_payload(store.read(*span), flags, size, checksum)
+            times.append(time.perf_counter_ns() - started)
+        assert store.inner.requests == requests, "a disk-tier hit went to the store"
+    finally:
+        store.close()
+    p50, p99 = np.percentile(np.array(times) / 1e3, [50, 99])
+    sizes = [span[2] for span in spans]
+    return {
+        "p50_us": float(p50),
+        "p99_us": float(p99),
+        "samples": samples,
+        "mean_bytes": float(np.mean(sizes)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--files", type=int, default=20_000)
+    parser.add_argument("--classes", type=int, default=100)
+    parser.add_argument("--work", type=Path, default=Path("bench-data/read"))
+    parser.add_argument("--s3-work", type=Path, default=Path("bench-data/s3"))
+    parser.add_argument("--rate-mbit", type=float, default=1000)
+    parser.add_argument("--rtt-ms", type=float, default=10)
+    parser.add_argument("--threads", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--probe-files", type=int, default=4000)
+    parser.add_argument("--readers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--latency-samples", type=int, default=2000)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    src, local = args.work / "src", args.work / "dataset"
+    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (local / "index.dlfs").exists():
+        subprocess.run(
+            [*DLFS, "-q", "pack", str(src), str(local), "--force"], check=True, capture_output=True
+        )
+    shutil.rmtree(args.s3_work, ignore_errors=True)
+    args.s3_work.mkdir(parents=True)
+    tree = bench.Tree.walk(str(src))
+    keys = sorted(str(Path(p).relative_to(src)) for p in tree.files)
+    total = sum(os.path.getsize(src / key) for key in keys)
+    mnt, log = args.s3_work / "mnt", args.s3_work / "mount.log"
+    results: dict[str, object] = {"files": len(keys), "bytes": total}
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    with shaped_seaweed(args.s3_work / "weed", args.rate_mbit, args.rtt_ms) as s3:
+        os.environ.update(s3.env())
+        client = s3.client()
+        client.create_bucket(Bucket=BUCKET)  # one: SeaweedFS gives each bucket volumes of its own
+        env = s3.env()
+        url = f"s3://{BUCKET}/packed/train"
+        per_file = objects.s3_store(env, BUCKET, "objects/train")
+
+        # 1. Upload.
+        probe = args.s3_work / "probe"
+        for key in keys[: args.probe_files]:
+            (probe / key).parent.mkdir(parents=True, exist_ok=True)
+            os.link(src / key, probe / key)
+        threads, _, tried = best(
+            args.threads,
+            lambda t: objects.upload_objects(objects.s3_store(env, BUCKET, f"probe-{t}"), probe, t),
+        )
+        per_object = objects.upload_objects(per_file, src, threads)
+        started = time.perf_counter()
+        subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
+        packed = objects.Result.of(len(keys), total, time.perf_counter() - started)
+        results["upload"] = {
+            "objects": per_object.__dict__ | {"threads": threads, "tried_objects_per_s": tried},
+            "dlfs_pack": packed.__dict__,
+            "speedup": packed.seconds and per_object.seconds / packed.seconds,
+        }
+        say(
+            f"upload: objects {per_object.objects_per_s:,.0f}/s ({threads} threads), "
+            f"pack {packed.objects_per_s:,.0f}/s"
+        )
+
+        # 2. Epoch read in the published order.
+        with dlfs_mount(local, mnt, "--log-file", str(log)):
+            order = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
+        items = bench.job_items("orderread", tree, order, 0)
+        drop_caches()
+        threads, got, tried = best(
+            args.threads,
+            lambda t: objects.get_objects(per_file, order, t),
+        )
+        drop_caches()
+        with dlfs_mount(url, mnt, "--log-file", str(log)) as (pid, _), rss_sampled(pid) as rss:
+            run, moved = epoch(mnt, items, args.readers, args.batch)
+            config = stats(mnt)["prefetch"]["budget"], stats(mnt)["cache"]["budget"]
+        drop_caches()
+        with dlfs_mount(local, mnt, "--log-file", str(log)):
+            local_run, _ = epoch(mnt, items, args.readers, args.batch)
+        results["epoch"] = {
+            "objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried},
+            "dlfs_s3": run | {"moved": moved, "rss_peak": max(rss, default=0), "rss_samples": len(rss)},
+            "dlfs_local_cold": local_run,
+            "speedup_vs_objects": run["items_per_s"] / got.objects_per_s,
+            "vs_local": run["items_per_s"] / local_run["items_per_s"],
+            "budgets": {"prefetch": config[0], "payload_cache": config[1]},
+        }
+        say(
+            f"epoch: objects {got.objects_per_s:,.0f}/s, dlfs s3 {run['items_per_s']:,.0f}/s "
+            f"(RSS peak {max(rss, default=0) / 2**20:.0f} MiB), local {local_run['items_per_s']:,.0f}/s"
+        )
+
+        # 3. The disk tier: an epoch that fills it, then one from it after a remount.
+        cache = args.s3_work / "cache"
+        flags = ("--log-file", str(log), "--cache-dir", str(cache))
+        drop_caches()
+        with dlfs_mount(url, mnt, *flags):
+            first, first_moved = epoch(mnt, items, args.readers, args.batch)
+        drop_caches()
+        with dlfs_mount(url, mnt, *flags):
+            second, second_moved = epoch(mnt, items, args.readers, args.batch)
+        results["disk_tier"] = {
+            "first_epoch": first | {"moved": first_moved},
+            "second_epoch": second | {"moved": second_moved},
+            "second_vs_local": second["items_per_s"] / local_run["items_per_s"],
+            "hit_latency": hit_latency(url, cache, args.latency_samples),
+            "memcached_get": objects.memcached_latency(110_000, args.latency_samples),
+        }
+        say(
+            f"disk tier: first {first['items_per_s']:,.0f}/s, second {second['items_per_s']:,.0f}/s; "
+            f"hit p50 {results['disk_tier']['hit_latency']['p50_us']:.0f} us, "
+            f"memcached p50 {results['disk_tier']['memcached_get']['p50_us']:.0f} us"
+        )
+    shutil.rmtree(args.s3_work, ignore_errors=True)
+    options = vars(args) | {"work": str(args.work), "s3_work": str(args.s3_work)}
+    if args.json:
+        print(json.dumps({"options": options, "results": results}, indent=2, default=float))
+
+
+if __name__ == "__main__":
+    main()
