@@ -46,6 +46,7 @@ from dlfs.core.store import CachedStore, StoreOptions, index_copies
 from dlfs.core.store.s3 import S3Store
 
 BUCKET = "bench"
+ORDERS = ("full", "block")
 
 
 @contextmanager
@@ -140,6 +141,9 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--latency-samples", type=int, default=2000)
+    parser.add_argument(
+        "--tier-order", choices=ORDERS, default="block", help="published order of the disk-tier epochs"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -151,7 +155,7 @@ def main() -> None:
     shutil.rmtree(args.s3_work, ignore_errors=True)
     args.s3_work.mkdir(parents=True)
     tree = bench.Tree.walk(str(src))
-    keys = sorted(str(Path(p).relative_to(src)) for p in tree.files)
+    keys = tree.files  # relative to src, sorted
     total = sum(os.path.getsize(src / key) for key in keys)
     mnt, log = args.s3_work / "mnt", args.s3_work / "mount.log"
     results: dict[str, object] = {"files": len(keys), "bytes": total}
@@ -190,38 +194,46 @@ def main() -> None:
             f"pack {packed.objects_per_s:,.0f}/s"
         )
 
-        # 2. Epoch read in the published order.
-        with dlfs_mount(local, mnt, "--log-file", str(log)):
-            order = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
-        items = bench.job_items("orderread", tree, order, 0)
+        # 2. Epoch read in the published order, uniform (full) and by runs of neighbours (block).
+        orders = {}
+        for mode in ORDERS:
+            with dlfs_mount(local, mnt, "--log-file", str(log), "--order", mode):
+                orders[mode] = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
         drop_caches()
-        threads, got, tried = best(
-            args.threads,
-            lambda t: objects.get_objects(per_file, order, t),
-        )
-        drop_caches()
-        with dlfs_mount(url, mnt, "--log-file", str(log)) as (pid, _), rss_sampled(pid) as rss:
-            run, moved = epoch(mnt, items, args.readers, args.batch)
-            config = stats(mnt)["prefetch"]["budget"], stats(mnt)["cache"]["budget"]
-        drop_caches()
-        with dlfs_mount(local, mnt, "--log-file", str(log)):
-            local_run, _ = epoch(mnt, items, args.readers, args.batch)
-        results["epoch"] = {
-            "objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried},
-            "dlfs_s3": run | {"moved": moved, "rss_peak": max(rss, default=0), "rss_samples": len(rss)},
-            "dlfs_local_cold": local_run,
-            "speedup_vs_objects": run["items_per_s"] / got.objects_per_s,
-            "vs_local": run["items_per_s"] / local_run["items_per_s"],
-            "budgets": {"prefetch": config[0], "payload_cache": config[1]},
-        }
-        say(
-            f"epoch: objects {got.objects_per_s:,.0f}/s, dlfs s3 {run['items_per_s']:,.0f}/s "
-            f"(RSS peak {max(rss, default=0) / 2**20:.0f} MiB), local {local_run['items_per_s']:,.0f}/s"
-        )
+        threads, got, tried = best(args.threads, lambda t: objects.get_objects(per_file, orders["full"], t))
+        results["epoch"] = {"objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried}}
+        say(f"epoch: objects {got.objects_per_s:,.0f}/s ({threads} threads)")
+        local_runs = {}
+        for mode, order in orders.items():
+            items = bench.job_items("orderread", tree, order, 0)
+            flags = ("--log-file", str(log), "--order", mode)
+            drop_caches()
+            with dlfs_mount(url, mnt, *flags) as (pid, _), rss_sampled(pid) as rss:
+                run, moved = epoch(mnt, items, args.readers, args.batch)
+                budgets = {
+                    "prefetch": stats(mnt)["prefetch"]["budget"],
+                    "cache": stats(mnt)["cache"]["budget"],
+                }
+            drop_caches()
+            with dlfs_mount(local, mnt, *flags):
+                local_runs[mode], _ = epoch(mnt, items, args.readers, args.batch)
+            results["epoch"][mode] = {
+                "dlfs_s3": run | {"moved": moved, "rss_peak": max(rss, default=0), "rss_samples": len(rss)},
+                "dlfs_local_cold": local_runs[mode],
+                "speedup_vs_objects": run["items_per_s"] / got.objects_per_s,
+                "vs_local": run["items_per_s"] / local_runs[mode]["items_per_s"],
+                "budgets": budgets,
+            }
+            peak, local_rate = max(rss, default=0) / 2**20, local_runs[mode]["items_per_s"]
+            say(
+                f"epoch, order {mode}: dlfs s3 {run['items_per_s']:,.0f}/s ({moved['store']['requests']} "
+                f"GETs, RSS peak {peak:.0f} MiB), local {local_rate:,.0f}/s"
+            )
 
         # 3. The disk tier: an epoch that fills it, then one from it after a remount.
         cache = args.s3_work / "cache"
-        flags = ("--log-file", str(log), "--cache-dir", str(cache))
+        flags = ("--log-file", str(log), "--cache-dir", str(cache), "--order", args.tier_order)
+        items = bench.job_items("orderread", tree, orders[args.tier_order], 0)
         drop_caches()
         with dlfs_mount(url, mnt, *flags):
             first, first_moved = epoch(mnt, items, args.readers, args.batch)
@@ -229,9 +241,10 @@ def main() -> None:
         with dlfs_mount(url, mnt, *flags):
             second, second_moved = epoch(mnt, items, args.readers, args.batch)
         results["disk_tier"] = {
+            "order": args.tier_order,
             "first_epoch": first | {"moved": first_moved},
             "second_epoch": second | {"moved": second_moved},
-            "second_vs_local": second["items_per_s"] / local_run["items_per_s"],
+            "second_vs_local": second["items_per_s"] / local_runs[args.tier_order]["items_per_s"],
             "hit_latency": hit_latency(url, cache, args.latency_samples),
             "memcached_get": objects.memcached_latency(110_000, args.latency_samples),
         }

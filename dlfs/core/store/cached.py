@@ -213,14 +213,18 @@ class CachedStore:
                 pieces.append(piece)
                 number += 1
                 continue
-            run_end = number
-            while run_end < last and not self._has((name, run_end + 1)):
-                run_end += 1
+            run_end = self._missing_through(name, number, last)
             for k, block in enumerate(self._fetch(name, number, run_end), number):
                 lo, hi = _within(k, offset, end)
                 pieces.append(block[lo:hi])
             number = run_end + 1
         return b"".join(pieces)
+
+    def _missing_through(self, name: str, number: int, last: int) -> int:
+        """The last block of the run of missing blocks from ``number`` (missing) up to ``last``."""
+        while number < last and not self._has((name, number + 1)):
+            number += 1
+        return number
 
     def _has(self, key: Key) -> bool:
         with self._lock:
@@ -240,7 +244,18 @@ class CachedStore:
         return len(data)
 
     def will_read(self, name: str, offset: int, length: int) -> None:
-        self.inner.will_read(name, offset, length)
+        """Hint the store of the runs of missing blocks ``read`` will fetch for these bytes."""
+        if not name.endswith(SHARD_SUFFIX) or length <= 0:
+            return
+        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        number = first
+        while number <= last:
+            if self._has((name, number)):
+                number += 1
+                continue
+            run_end = self._missing_through(name, number, last)
+            self.inner.will_read(name, number * BLOCK, (run_end - number + 1) * BLOCK)
+            number = run_end + 1
 
     def forget(self, name: str, offset: int, length: int) -> None:
         """Drop the blocks holding these bytes: they failed a checksum."""
