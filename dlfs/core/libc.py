@@ -5,6 +5,7 @@ numbers they and the C loops share.
   starting any I/O, which a read with ``RWF_NOWAIT`` does not promise (it starts reading the pages
   it misses before it gives up).
 - ``sync_file_range``: start writing a range back without waiting for it (pack).
+- ``fallocate`` with ``PUNCH_HOLE``: free a range of a file (the disk tier's evictions).
 - ``malloc_trim``: hand the allocator's free pages back to the system (the payload cache).
 
 The C loops (``dlfs/readahead/_push.c``, ``dlfs/fuse/_dirents.c``) define the same numbers for
@@ -27,10 +28,13 @@ STAT_BLOCK = 512
 DIRECT_ALIGN = 4096
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYNC_FILE_RANGE_WRITE = 2
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 
 
 class _Range(ctypes.Structure):
@@ -76,6 +80,13 @@ def in_memory(fd: int, offset: int, length: int) -> bool | None:
 def start_writeback(fd: int, offset: int, length: int) -> None:
     """Start writing ``length`` bytes of ``fd`` from ``offset`` to the disk; returns at once."""
     _libc.sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> None:
+    """Free the disk blocks of a range of ``fd``, which then reads as zeros; the size stays."""
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 def _allocator_trim() -> Callable[[], object] | None:

@@ -18,7 +18,7 @@ from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError, IntegrityError
 from dlfs.core.index import Index
-from dlfs.core.store import Descriptors, Forgets, Store
+from dlfs.core.store import Descriptors, Forgets, PartlyLocal, Store
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,30 @@ class Reader:
     def will_fetch(self, row: int, shard_offset: int, length: int) -> None:
         self.store.will_read(self.index.shard_of(row), shard_offset, length)
 
-    def descriptor(self, shard: int, direct: bool = False) -> int | None:
+    def descriptor(self, shard: int, direct: bool = False, partial: bool = False) -> int | None:
         """A descriptor to ``pread`` shard number ``shard`` from, for readers in C (the read-ahead's
-        push loop); see ``Store.descriptor``."""
-        if not isinstance(self.store, Descriptors):
-            return None
-        return self.store.descriptor(self.index.shard_names[shard], direct=direct)
+        push loop); see ``Store.descriptor``. ``partial``: also one of a disk tier's local file,
+        whose bytes the caller reads only where ``local`` vouches for them."""
+        name = self.index.shard_names[shard]
+        if isinstance(self.store, Descriptors):
+            return self.store.descriptor(name, direct=direct)
+        if partial and isinstance(self.store, PartlyLocal):
+            return self.store.local_descriptor(name, direct=direct)
+        return None
+
+    def local(self, rows: np.ndarray) -> np.ndarray:
+        """Which of these files' stored bytes the shards' descriptors read (all, from a directory)."""
+        if not isinstance(self.store, PartlyLocal):
+            return np.ones(rows.size, dtype=bool)
+        index, store = self.index, self.store
+        places = zip(
+            index.shard[rows].tolist(), index.offset[rows].tolist(), index.stored[rows].tolist(), strict=True
+        )
+        return np.fromiter(
+            (store.local(index.shard_names[shard], offset, length) for shard, offset, length in places),
+            dtype=bool,
+            count=rows.size,
+        )
 
     def hold(self, row: int, data: bytes) -> None:
         """Keep a whole file fetched elsewhere (the read-ahead) for the next ``read`` of it."""

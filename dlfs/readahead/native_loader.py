@@ -72,16 +72,18 @@ class NativeLoader:
 
     def takes(self, rows: np.ndarray, sentinel: np.ndarray) -> np.ndarray:
         """Which files of a batch the C loop takes: pushed, stored plain, small enough to hold
-        whole, in a shard with a descriptor."""
+        whole, in a shard with a descriptor that reads them (a disk tier's file holds some)."""
         if not rows.size:
             return np.zeros(rows.size, dtype=bool)
         index = self.index
-        return (
+        taken = (
             ~sentinel
             & (index.flags[rows] & fmt.FLAG_LZ4 == 0)
             & (index.size[rows] <= fmt.WHOLE_PAYLOAD_LIMIT)
             & (self._descriptors[0, index.shard[rows]] >= 0)
         )
+        taken[taken] = self.reader.local(rows[taken])
+        return taken
 
     @functools.cached_property
     def _descriptors(self) -> np.ndarray:
@@ -91,7 +93,7 @@ class NativeLoader:
         for shard, name in enumerate(self.index.shard_names):
             try:
                 for direct in (0, 1):
-                    fd = self.reader.descriptor(shard, direct=bool(direct))
+                    fd = self.reader.descriptor(shard, direct=bool(direct), partial=True)
                     fds[direct, shard] = -1 if fd is None else fd
             except DlfsError as exc:
                 log.warning("reading ahead of %s in Python: %s", name, exc)

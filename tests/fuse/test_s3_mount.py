@@ -15,7 +15,7 @@ from conftest import SMALL_SHARD, find_listing, use_s3, wait_until
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core.protocol import order_path, parse_order
-from dlfs.core.store.cached import BLOCK
+from dlfs.core.store.cached import BLOCK, MAP_SUFFIX
 from dlfs.pack import PackOptions, pack
 
 pytestmark = pytest.mark.timeout(180)
@@ -32,9 +32,14 @@ def _same_tree(src: Path, mnt: Path) -> None:
             assert (mnt / path.relative_to(src)).read_bytes() == path.read_bytes(), path
 
 
-def _blocks(cache: Path) -> list[Path]:
-    """The block files of a disk tier (``blocks/<shard>/<number>``)."""
-    return sorted(path for path in (cache / "blocks").glob("*/*") if path.name.isdigit())
+def _cached_blocks(cache: Path) -> list[tuple[Path, int]]:
+    """(sparse shard file, block number) of every block a disk tier marks as written."""
+    return [
+        (shard, number)
+        for shard in sorted((cache / "shards").glob("*.shard"))
+        for number, mark in enumerate(shard.with_name(shard.name + MAP_SUFFIX).read_bytes())
+        if mark == 1
+    ]
 
 
 def _classes(root: Path, classes: int = 6, per_class: int = 100, size: int = 30_000) -> Path:
@@ -65,6 +70,24 @@ def test_a_bucket_mounts_as_the_tree_and_a_remount_reads_from_the_disk_tier(
         assert after["disk_cache"]["hits"] > 0 and after["disk_cache"]["misses"] == 0
 
 
+def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(tmp_path: Path, s3: str, mount) -> None:
+    """The disk tier's files hold blocks at the shards' own offsets, so the read-ahead's C loop
+    reads them as it reads a local dataset; the store is not asked for a byte."""
+    src = _classes(tmp_path / "src", classes=3, per_class=80)
+    url = f"{s3}/tier-epoch"
+    pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
+    flags = ("--cache-dir", str(tmp_path / "cache"), "--order", "block", "--prefetch-budget", "4M")
+    for _ in range(2):
+        with mount(url, *flags) as mnt:
+            before = _stats(mnt)["store"]  # the index's header and meta
+            paths = parse_order(order_path(mnt, 0).read_bytes())
+            for path in paths:
+                assert (mnt / path).read_bytes() == (src / path).read_bytes()
+            after = _stats(mnt)
+    assert after["store"] == before
+    assert after["prefetch"]["native_cpu_seconds"] > 0 and after["prefetch"]["pushed_files"] > len(paths) // 2
+
+
 def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
     src = _classes(tmp_path / "src", classes=2, per_class=60)
     url = f"{s3}/budget"
@@ -77,7 +100,8 @@ def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
         _same_tree(src, mnt)
         tier = _stats(mnt)["disk_cache"]
         assert tier["used"] <= budget and tier["evictions"] > 0, tier
-    assert sum(block.stat().st_size for block in _blocks(cache)) <= budget
+    on_disk = sum(shard.stat().st_blocks * 512 for shard in (cache / "shards").glob("*.shard"))
+    assert on_disk <= budget + 4096 * len(_cached_blocks(cache))  # holes are punched in pages
 
 
 def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Path, s3: str, mount) -> None:
@@ -87,11 +111,14 @@ def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Pa
     flags = ("--cache-dir", str(tmp_path / "cache"), "--prefetch-budget", "0", "--cache-size", "0")
     with mount(url, *flags) as mnt:
         _same_tree(src, mnt)
-    blocks = _blocks(tmp_path / "cache")
-    for block in blocks:  # one flipped byte in each: a file in each fails its check
-        data = bytearray(block.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        block.write_bytes(bytes(data))
+    blocks = _cached_blocks(tmp_path / "cache")
+    for shard, number in blocks:  # one flipped byte in each: a file in each fails its check
+        at = min(number * BLOCK + BLOCK // 2, shard.stat().st_size - 1)
+        with open(shard, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0xFF]))
     with mount(url, *flags) as mnt:
         _same_tree(src, mnt)
         assert _stats(mnt)["disk_cache"]["forgotten"] == len(blocks)

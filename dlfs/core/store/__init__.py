@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dlfs.core.errors import DatasetError
 from dlfs.core.store.cached import CachedStore
-from dlfs.core.store.interface import Descriptors, Forgets, ShardWriter, Store, StoreOptions
+from dlfs.core.store.interface import Descriptors, Forgets, PartlyLocal, ShardWriter, Store, StoreOptions
 from dlfs.core.store.local import LocalStore
 from dlfs.core.store.s3 import is_s3
 
@@ -17,6 +17,7 @@ __all__ = [
     "Descriptors",
     "Forgets",
     "LocalStore",
+    "PartlyLocal",
     "ShardWriter",
     "Store",
     "StoreOptions",

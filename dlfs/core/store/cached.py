@@ -1,20 +1,27 @@
 """The disk tier: ranges of a remote store's shards kept in a local directory (``--cache-dir``).
 
 An object store answers a GET in milliseconds; a local disk in microseconds. Shards are cached in
-aligned blocks of ``BLOCK`` bytes, one file each (``blocks/<shard>/<number>``), written under a
-temporary name and renamed, so a block file that exists is a whole block, even after a crash. A
-read takes what it can from block files and fetches each run of missing blocks from the store in
-one ranged GET (the read-ahead asks for megabytes of neighbouring files at once; a lone file of a
-shuffled read costs at most two blocks). Shard names carry the dataset id, so a remount of the same
-dataset finds its blocks again, and another dataset's never match.
+aligned blocks of ``BLOCK`` bytes. Each shard the tier holds blocks of is one sparse file
+(``shards/<shard name>``) at the shard's own offsets, with a map beside it (``<name>.map``, one
+byte per block, set once the block is written whole). Same offsets, so a span of cached blocks is
+one ``pread``, and the read-ahead's C loop reads such spans itself through the file's descriptor
+(``local_descriptor``), as from a local dataset: a second epoch from the tier went from 0.33x the
+local shards' files/s through the Python loader to the figure in docs/benchmarks.md. A read takes
+what it can from the file and fetches each run of missing blocks from the store in one ranged GET
+(the read-ahead asks for megabytes of neighbouring files at once; a lone file of a shuffled read
+costs at most two blocks). Shard names carry the dataset id, so a remount of the same dataset finds
+its blocks again, and another dataset's never match.
 
-The budget is kept by evicting the least recently used blocks: the order lives in memory (about
-150 bytes per block, 150 MB per TB of cache) and is rebuilt at start from the files' mtimes, which
-``touch`` on every hit would cost a syscall per read to maintain, so a remount starts from write
-order. Every byte is checked by its reader against the file's checksum; a mismatch in bytes that
-came from here makes the reader ``forget`` them and read the store again (``dlfs.core.reader``), so
-a damaged block costs one refetch, never a wrong byte. One mount uses a cache directory at a time
-(a lock), as two would each keep their own budget and evict each other's blocks unknowingly.
+The budget is kept by evicting the least recently used blocks (their range punched back into a
+hole, their mark cleared); blocks being written hold their room, so threads filling the tier at
+once never overrun it together. The order lives in memory (about 150 bytes per block, 150 MB per TB
+of cache) and a remount starts from the maps' order, not the last one. A block is marked only after
+its bytes are written, so a crash leaves it unmarked (fetched again) or, after a power loss, marked
+with bytes that fail their file's checksum (as may a read racing the eviction of its block, which
+then reads the hole's zeros): every byte is checked by its reader, and a mismatch in
+bytes from here makes the reader ``forget`` them and read the store again (``dlfs.core.reader``),
+so damage costs one refetch, never a wrong byte. One mount uses a cache directory at a time (a
+lock): two would each keep their own budget and evict each other's blocks unknowingly.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 
 from dlfs.core.errors import StoreError
 from dlfs.core.format import SHARD_SUFFIX
+from dlfs.core.libc import punch_hole
 from dlfs.core.store.interface import ShardWriter, Store
 
 log = logging.getLogger(__name__)
@@ -39,6 +47,7 @@ log = logging.getLogger(__name__)
 BLOCK = 1 << 20
 #: Share of the free space a cache directory takes when no ``--cache-dir-size`` is given.
 DEFAULT_SHARE = 0.8
+MAP_SUFFIX = ".map"
 
 Key = tuple[str, int]
 
@@ -55,9 +64,40 @@ def _within(number: int, start: int, end: int) -> tuple[int, int]:
     return max(start, base) - base, min(end, base + BLOCK) - base
 
 
+class _ShardFile:
+    """One shard's sparse file and its map of written blocks."""
+
+    def __init__(self, path: Path) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        self.path = path
+        self.fd = os.open(path, flags, 0o644)
+        self.map_fd = os.open(path.with_name(path.name + MAP_SUFFIX), flags, 0o644)
+        self.direct_fd: int | None = None
+
+    def marked(self) -> list[int]:
+        marks = os.pread(self.map_fd, os.fstat(self.map_fd).st_size, 0)
+        return [number for number, mark in enumerate(marks) if mark == 1]
+
+    def mark(self, number: int, whole: bool) -> None:
+        os.pwrite(self.map_fd, b"\x01" if whole else b"\x00", number)
+
+    def direct(self) -> int | None:
+        if self.direct_fd is None:
+            try:
+                self.direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            except OSError:  # a filesystem without direct I/O (tmpfs)
+                self.direct_fd = -1
+        return None if self.direct_fd < 0 else self.direct_fd
+
+    def close(self) -> None:
+        for fd in (self.fd, self.map_fd, self.direct_fd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+
+
 class CachedStore:
     """``inner`` with a disk tier in ``directory`` of at most ``budget`` bytes (None: 80 % of the
-    free space there). Reads go through the blocks; everything else straight to ``inner``."""
+    free space there). Reads of shards go through the tier; everything else straight to ``inner``."""
 
     def __init__(self, inner: Store, directory: str | os.PathLike[str], budget: int | None = None) -> None:
         self.inner = inner
@@ -65,9 +105,10 @@ class CachedStore:
         self.writes_in_place = inner.writes_in_place
         self.directory = Path(directory)
         self.budget = default_budget(self.directory) if budget is None else budget
-        self._blocks = self.directory / "blocks"
+        self._shards = self.directory / "shards"
         self._lock_fd = self._take_directory()
         self._lock = threading.Lock()
+        self._files: dict[str, _ShardFile] = {}
         self._lru: OrderedDict[Key, int] = OrderedDict()
         #: Blocks being written: counted in ``used``, not yet readable.
         self._writing: set[Key] = set()
@@ -81,7 +122,7 @@ class CachedStore:
         self._load()
 
     def _take_directory(self) -> int:
-        self._blocks.mkdir(parents=True, exist_ok=True)
+        self._shards.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,67 +135,66 @@ class CachedStore:
         return fd
 
     def _load(self) -> None:
-        """Find the blocks a previous mount left, oldest first; drop temporary files and whatever
-        is over the budget."""
-        found = []
-        for shard in os.scandir(self._blocks):
-            if not shard.is_dir():
+        """Find the blocks a previous mount left; drop whatever is over the budget."""
+        for entry in sorted(os.scandir(self._shards), key=lambda e: e.name):
+            if not entry.name.endswith(SHARD_SUFFIX):
                 continue
-            for entry in os.scandir(shard.path):
-                if not entry.name.isdigit():
-                    os.unlink(entry.path)  # a block a crash left half-written
-                    continue
-                info = entry.stat()
-                found.append((info.st_mtime_ns, (shard.name, int(entry.name)), info.st_size))
-        for _, key, size in sorted(found):
-            self._lru[key] = size
-            self.used += size
-        self._unlink(self._evict(0))
-        if found:
+            shard = self._file(entry.name)
+            size = os.fstat(shard.fd).st_size
+            for number in shard.marked():
+                length = min(BLOCK, size - number * BLOCK)
+                if length > 0:
+                    self._lru[(entry.name, number)] = length
+                    self.used += length
+        with self._lock:
+            doomed = self._evict(0)
+        self._drop(doomed)
+        if self._lru:
             log.info("cache %s: %d blocks, %d bytes kept", self.directory, len(self._lru), self.used)
 
-    def _path(self, key: Key) -> Path:
-        return self._blocks / key[0] / str(key[1])
+    def _file(self, name: str) -> _ShardFile:
+        shard = self._files.get(name)
+        if shard is None:
+            with self._lock:
+                shard = self._files.get(name)
+                if shard is None:
+                    shard = self._files[name] = _ShardFile(self._shards / name)
+        return shard
 
-    def _evict(self, room: int) -> list[Key]:
-        """Drop least recently used blocks from the accounts until ``room`` more bytes fit the
-        budget (the caller holds the lock); their files are the caller's to ``_unlink``."""
+    def _evict(self, room: int) -> list[tuple[Key, int]]:
+        """Take least recently used blocks off the books until ``room`` more bytes fit the budget
+        (the caller holds the lock); the caller ``_drop``s them from the files."""
         doomed = []
         while self._lru and self.used + room > self.budget:
             key, size = self._lru.popitem(last=False)
             self.used -= size
             self.evictions += 1
-            doomed.append(key)
+            doomed.append((key, size))
         return doomed
 
-    def _unlink(self, keys: list[Key]) -> None:
-        for key in keys:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(key))
+    def _drop(self, blocks: list[tuple[Key, int]]) -> None:
+        """Clear the blocks' marks, then punch their bytes out of the files."""
+        for (name, number), size in blocks:
+            shard = self._file(name)
+            try:
+                shard.mark(number, False)
+                punch_hole(shard.fd, number * BLOCK, size)
+            except OSError as exc:
+                log.warning("cache %s: cannot free a block of %s (%s)", self.directory, name, exc)
 
-    def _read_block(self, key: Key, start: int, length: int) -> bytes | None:
-        """``length`` bytes from ``start`` within a cached block; None when it is not cached."""
+    def _touch(self, name: str, first: int, last: int) -> bool:
+        """Are blocks ``first``..``last`` all cached? If so they become the most recently used."""
+        keys = [(name, number) for number in range(first, last + 1)]
         with self._lock:
-            if key not in self._lru:
-                return None
-            self._lru.move_to_end(key)
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:  # evicted meanwhile by another thread
-            return None
-        try:
-            data = os.pread(fd, length, start)
-        finally:
-            os.close(fd)
-        self.hits += 1
-        self.hit_bytes += len(data)
-        return data
+            if not all(key in self._lru for key in keys):
+                return False
+            for key in keys:
+                self._lru.move_to_end(key)
+        return True
 
     def _keep(self, key: Key, block: bytes | memoryview) -> None:
         """Write a fetched block; its room is taken from the budget before the write, so threads
         keeping blocks at once never overrun it together."""
-        if len(block) > self.budget:
-            return
         with self._lock:
             if key in self._lru or key in self._writing:
                 return
@@ -163,22 +203,16 @@ class CachedStore:
             if room:
                 self.used += len(block)
                 self._writing.add(key)
-        self._unlink(doomed)
+        self._drop(doomed)
         if not room:
             return
-        path = self._path(key)
-        temporary = path.with_name(f".{key[1]}.{threading.get_ident()}.tmp")
-        kept = False
+        shard, kept = self._file(key[0]), False
         try:
-            path.parent.mkdir(exist_ok=True)
-            with open(temporary, "wb") as f:
-                f.write(block)
-            os.replace(temporary, path)
+            os.pwrite(shard.fd, block, key[1] * BLOCK)
+            shard.mark(key[1], True)
             kept = True
         except OSError as exc:  # a full or failing cache disk costs speed, never a read
             log.warning("cache %s: cannot keep a block (%s); reading on without it", self.directory, exc)
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
         with self._lock:
             self._writing.discard(key)
             if kept:
@@ -197,6 +231,12 @@ class CachedStore:
                 self._keep((name, number), block)
         return blocks
 
+    def _hit(self, name: str, offset: int, length: int, blocks: int) -> bytes:
+        data = os.pread(self._file(name).fd, length, offset)
+        self.hits += blocks
+        self.hit_bytes += len(data)
+        return data
+
     def read(self, name: str, offset: int, length: int) -> bytes:
         if not name.endswith(SHARD_SUFFIX):
             return self.inner.read(name, offset, length)  # the index has a local copy of its own
@@ -204,13 +244,14 @@ class CachedStore:
             return b""
         end = offset + length
         first, last = offset // BLOCK, (end - 1) // BLOCK
+        if self._touch(name, first, last):  # all here: one pread
+            return self._hit(name, offset, length, last - first + 1)
         pieces: list[bytes] = []
         number = first
         while number <= last:
             lo, hi = _within(number, offset, end)
-            piece = self._read_block((name, number), lo, hi - lo)
-            if piece is not None:
-                pieces.append(piece)
+            if self._touch(name, number, number):
+                pieces.append(self._hit(name, number * BLOCK + lo, hi - lo, 1))
                 number += 1
                 continue
             run_end = self._missing_through(name, number, last)
@@ -230,14 +271,20 @@ class CachedStore:
         with self._lock:
             return key in self._lru
 
-    def cached(self, name: str, offset: int, length: int) -> bool:
+    def local(self, name: str, offset: int, length: int) -> bool:
         """Are all of these bytes in the disk tier?"""
-        blocks = range(offset // BLOCK, (offset + length - 1) // BLOCK + 1)
+        blocks = range(offset // BLOCK, (offset + max(length, 1) - 1) // BLOCK + 1)
         return name.endswith(SHARD_SUFFIX) and all(self._has((name, k)) for k in blocks)
+
+    def local_descriptor(self, name: str, direct: bool = False) -> int | None:
+        if not name.endswith(SHARD_SUFFIX):
+            return None
+        shard = self._file(name)
+        return shard.direct() if direct else shard.fd
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         """``wait=False``: only from the disk tier (a local disk is what a read need not wait for)."""
-        if not wait and not self.cached(name, offset, len(buffer)):
+        if not wait and not self.local(name, offset, len(buffer)):
             return None
         data = self.read(name, offset, len(buffer))
         buffer[: len(data)] = data
@@ -247,8 +294,7 @@ class CachedStore:
         """Hint the store of the runs of missing blocks ``read`` will fetch for these bytes."""
         if not name.endswith(SHARD_SUFFIX) or length <= 0:
             return
-        first, last = offset // BLOCK, (offset + length - 1) // BLOCK
-        number = first
+        number, last = offset // BLOCK, (offset + length - 1) // BLOCK
         while number <= last:
             if self._has((name, number)):
                 number += 1
@@ -266,10 +312,10 @@ class CachedStore:
                 if size is not None:
                     self.used -= size
                     self.forgotten += 1
-                    doomed.append((name, number))
-        for key in doomed:
-            log.warning("cache %s: dropped %s block %d, which failed a check", self.directory, *key)
-        self._unlink(doomed)
+                    doomed.append(((name, number), size))
+        for (shard, number), _ in doomed:
+            log.warning("cache %s: dropped %s block %d, which failed a check", self.directory, shard, number)
+        self._drop(doomed)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -307,4 +353,9 @@ class CachedStore:
 
     def close(self) -> None:
         self.inner.close()
-        os.close(self._lock_fd)
+        with self._lock:
+            for shard in self._files.values():
+                shard.close()
+            self._files.clear()
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)

@@ -103,3 +103,16 @@ class Forgets(Protocol):
     so that reading them again goes to the source."""
 
     def forget(self, name: str, offset: int, length: int) -> None: ...
+
+
+@runtime_checkable
+class PartlyLocal(Protocol):
+    """A store holding some of its bytes in local files at the objects' own offsets (the disk
+    tier): the read-ahead's C loop reads those itself, as from a local dataset."""
+
+    def local(self, name: str, offset: int, length: int) -> bool:
+        """Are all of these bytes in the local file now?"""
+
+    def local_descriptor(self, name: str, direct: bool = False) -> int | None:
+        """A descriptor of the object's local file, to ``pread`` the bytes ``local`` vouches for
+        (or None where it cannot, say no direct I/O)."""
