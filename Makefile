@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-report clean
+.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -87,11 +87,15 @@ bench-loader: install
 	$(BIN)/python tools/bench_loader.py --jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1 \
 		--json > docs/bench-loader-scaling.json
 
+# dlfs over a real S3 server behind a shaped network (1 Gbit/s, 10 ms) against one object per file.
+bench-s3: install
+	$(BIN)/python tools/bench_s3.py --json > docs/bench-s3.json
+
 # docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
 bench-report: install
 	$(BIN)/python tools/bench_report.py
 
-bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader
+bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3
 	$(MAKE) bench-report
 
 clean:

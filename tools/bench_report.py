@@ -440,6 +440,85 @@ def train(data: Json | None) -> list[str]:
     return [*out, ""]
 
 
+def s3(data: Json | None) -> list[str]:
+    out = ["## A dataset in S3 against one object per file (`make bench-s3`)", ""]
+    if not data:
+        return out + _missing("bench-s3", "bench-s3.json")
+    o, r = data["options"], data["results"]
+    out += [
+        f"{r['files']:,} JPEGs ({r['bytes'] / 1e9:.2f} GB) on a real S3 server (SeaweedFS) in a network "
+        f"namespace behind a {o['rate_mbit']:g} Mbit/s `tbf` cap and a proxy adding {o['rtt_ms']:g} ms of "
+        "round trip (`dlfs.bench.netshape`), so loopback flatters neither side. *Objects*: one object "
+        f"per file, PUT and GET by a pool of threads (the best of {', '.join(map(str, o['threads']))}). "
+        f"Epochs: every file in the published order by {o['readers']} reader processes in batches of "
+        f"{o['batch']}, through a fresh mount, page cache dropped first. One run.",
+        "",
+    ]
+    up = r["upload"]
+    rows = [
+        [label, _n(run["objects_per_s"]), _n(run["mb_per_s"], 1), f"{run['seconds']:.1f}"]
+        for label, run in (
+            (f"objects ({up['objects']['threads']} threads)", up["objects"]),
+            ("`dlfs pack` to the bucket", up["dlfs_pack"]),
+        )
+    ]
+    out += ["Upload:", "", *_table(["how", "files/s", "MB/s", "seconds"], rows), ""]
+    epoch = r["epoch"]
+    objects = epoch["objects"]
+    rows = [
+        [f"objects, GET per file ({objects['threads']} threads)", _n(objects["objects_per_s"]), *[DASH] * 4]
+    ]
+    for mode in ("full", "block"):
+        if mode not in epoch:
+            continue
+        run, local = epoch[mode]["dlfs_s3"], epoch[mode]["dlfs_local_cold"]
+        rows.append(
+            [
+                f"dlfs mount of the bucket, `--order {mode}`",
+                _n(run["items_per_s"]),
+                _n(run["moved"]["store"]["requests"]),
+                f"{run['rss_peak'] / 2**20:,.0f}",
+                f"**{_ratio(run['items_per_s'], objects['objects_per_s'])}**",
+                _ratio(run["items_per_s"], local["items_per_s"]),
+            ]
+        )
+        rows.append(
+            [f"dlfs mount of local shards, `--order {mode}`, cold", _n(local["items_per_s"]), *[DASH] * 4]
+        )
+    budgets = epoch["full"]["budgets"]
+    out += [
+        "Epoch read (RSS: the daemon's peak, sampled every 0.1 s; its payload cache may hold "
+        f"{budgets['cache'] >> 20} MiB, `--cache-size` plus the read-ahead's "
+        f"{budgets['prefetch'] >> 20} MiB):",
+        "",
+        *_table(["reader", "files/s", "GETs", "RSS MiB", "vs objects", "vs local shards"], rows),
+        "",
+    ]
+    tier = r["disk_tier"]
+    first, second = tier["first_epoch"], tier["second_epoch"]
+    local = epoch[tier["order"]]["dlfs_local_cold"]
+    rows = [
+        ["first (fills `--cache-dir`)", _n(first["items_per_s"]), _n(first["moved"]["store"]["bytes"] / 1e6)],
+        ["second, after a remount", _n(second["items_per_s"]), _n(second["moved"]["store"]["bytes"] / 1e6)],
+        [f"local shards, cold (`--order {tier['order']}`)", _n(local["items_per_s"]), DASH],
+    ]
+    hit, memcached = tier["hit_latency"], tier["memcached_get"]
+    out += [
+        f"The disk tier, `--order {tier['order']}`, page cache dropped before each epoch; second epoch "
+        f"/ local shards: **{_ratio(second['items_per_s'], local['items_per_s'])}**:",
+        "",
+        *_table(["epoch", "files/s", "MB from the store"], rows),
+        "",
+        f"A disk-tier hit of one file ({hit['mean_bytes'] / 1e3:.0f} KB mean, stored bytes read and "
+        f"checksum verified, blocks in the page cache): p50 {hit['p50_us']:.0f} µs, "
+        f"p99 {hit['p99_us']:.0f} µs; "
+        f"a memcached GET of 110 KB on loopback: p50 {memcached['p50_us']:.0f} µs, "
+        f"p99 {memcached['p99_us']:.0f} µs ({hit['samples']:,} of each).",
+        "",
+    ]
+    return out
+
+
 #: (target, what it runs, what it writes into docs/), in the order ``make bench`` runs them.
 TARGETS: list[tuple[str, str, str]] = [
     (
@@ -461,6 +540,7 @@ TARGETS: list[tuple[str, str, str]] = [
         "`tools/bench_loader.py`, then `--jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1`",
         "`bench-loader.json`, `bench-loader-scaling.json`",
     ),
+    ("bench-s3", "`tools/bench_s3.py`", "`bench-s3.json`"),
     ("bench-report", "`tools/bench_report.py`", "`benchmarks.md` (this page)"),
 ]
 
@@ -483,6 +563,7 @@ def render() -> str:
         lambda: jobs(_load("bench-jobs-warm.json"), _load("bench-jobs-cold.json")),
         lambda: train(_load("bench-train.json")),
         lambda: loader(_load("bench-loader.json"), _load("bench-loader-scaling.json")),
+        lambda: s3(_load("bench-s3.json")),
     ]
     lines = [
         "# Benchmarks",

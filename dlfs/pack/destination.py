@@ -71,7 +71,9 @@ def locked(dst: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def remove_leftovers(store: Store, keep_id: str | None) -> None:
-    """Delete shards and temp files from interrupted runs; keep the live dataset's shards."""
+    """Delete shards, temp files and open uploads from interrupted runs; keep the live dataset's
+    shards."""
+    store.abort_uploads()
     for name in store.names():
         if name.endswith(fmt.SHARD_SUFFIX) and not (keep_id and name.startswith(keep_id + ".")):
             log.info("removing leftover %s from an interrupted pack", name)

@@ -3,6 +3,7 @@ copy, failed packs that leave nothing behind, and one-line errors for wrong sett
 
 from __future__ import annotations
 
+import datetime
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
 from dlfs.core.store import StoreOptions, index_copies, open_store
+from dlfs.core.store import s3 as s3_module
 from dlfs.core.store.s3 import S3Store
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.writers import InOrderShards
@@ -195,3 +197,70 @@ def test_a_store_that_never_answers_fails_after_the_timeout_not_never(s3: str, s
 def test_a_local_dataset_takes_no_cache_dir(packed: Path, tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="object storage"):
         open_store(packed, options=StoreOptions(cache_dir=str(tmp_path / "cache")))
+
+
+def test_a_pack_aborts_the_uploads_a_killed_pack_left(odd_tree: Path, s3_server, s3: str) -> None:
+    url = f"{s3}/killed"
+    bucket, prefix = split(url)
+    client = s3_server.client()
+    started = client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/0123abcd.00000.shard")
+    client.upload_part(
+        Bucket=bucket,
+        Key=f"{prefix}/0123abcd.00000.shard",
+        UploadId=started["UploadId"],
+        PartNumber=1,
+        Body=b"x",
+    )
+    assert open_uploads(s3_server, url)
+    dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD))
+    assert open_uploads(s3_server, url) == []
+
+
+def _without_key_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+
+
+def test_credentials_come_from_a_profile(
+    odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{s3}/profiled"
+    pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    credentials = tmp_path / "credentials"
+    credentials.write_text(
+        f"[work]\naws_access_key_id = {s3_server.access_key}\n"
+        f"aws_secret_access_key = {s3_server.secret_key}\n"
+    )
+    _without_key_variables(monkeypatch)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_PROFILE", "work")
+    assert "dataset_id:" in dlfs("info", url).stdout
+
+
+def test_temporary_credentials_are_renewed_while_the_store_is_in_use(
+    odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``credential_process`` hands out credentials that expire within minutes: botocore runs it
+    again before they do, and the store asks for them on its requests."""
+    url = f"{s3}/renewed"
+    pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    calls = tmp_path / "calls"
+    process = tmp_path / "credential-process"
+    process.write_text(
+        "#!/bin/sh\n"
+        f"echo call >> {calls}\n"
+        'expires=$(date -u -d "+2 minutes" +%Y-%m-%dT%H:%M:%SZ)\n'
+        f'echo "{{\\"Version\\": 1, \\"AccessKeyId\\": \\"{s3_server.access_key}\\", '
+        f'\\"SecretAccessKey\\": \\"{s3_server.secret_key}\\", \\"Expiration\\": \\"$expires\\"}}"\n'
+    )
+    process.chmod(0o755)
+    config = tmp_path / "config"
+    config.write_text(f"[profile temporary]\ncredential_process = {process}\n")
+    _without_key_variables(monkeypatch)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "temporary")
+    monkeypatch.setattr(s3_module, "CREDENTIALS_TTL", datetime.timedelta(0))  # asked on every request
+    store = S3Store(url)
+    for _ in range(3):
+        assert store.read(fmt.INDEX_NAME, 0, 8) == fmt.INDEX_MAGIC
+    assert len(calls.read_text().splitlines()) >= 3

@@ -351,6 +351,9 @@ class CachedStore:
     def delete(self, name: str) -> None:
         self.inner.delete(name)
 
+    def abort_uploads(self) -> None:
+        self.inner.abort_uploads()
+
     def close(self) -> None:
         self.inner.close()
         with self._lock:

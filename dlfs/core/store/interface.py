@@ -84,6 +84,9 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def abort_uploads(self) -> None:
+        """Drop what interrupted writers left where listing cannot see it (S3's open uploads)."""
+
     def close(self) -> None: ...
 
 

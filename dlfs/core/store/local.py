@@ -248,6 +248,9 @@ class LocalStore:
         except OSError as exc:
             raise StoreError(f"cannot delete {self.root / name}: {exc.strerror}") from exc
 
+    def abort_uploads(self) -> None:
+        """Nothing: an interrupted pack's files are listed, and removed as leftovers."""
+
     def close(self) -> None:
         with self._lock:
             for fd in [*self._fds.values(), *self._direct_fds.values()]:

@@ -114,7 +114,8 @@ class S3Store:
         self._ahead: dict[tuple[str, int, int], Future[bytes]] = {}
         self._ahead_bytes = 0
         self._pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="dlfs-s3-ahead")
-        self.endpoint, region, credentials = _aws_settings(options, self.url)
+        self.endpoint, region, self._session = _aws_settings(options, self.url)
+        credentials = self._session.get_credentials()
         config: dict[str, Any] = {"region": region}
         if not AWS_HOST.search(urlparse(self.endpoint).hostname or ""):
             config["endpoint"] = self.endpoint  # AWS itself: obstore builds the regional endpoint
@@ -284,6 +285,27 @@ class S3Store:
                 max_concurrency=PART_CONCURRENCY,
             )
 
+    def abort_uploads(self) -> None:
+        """Abort the multipart uploads a killed pack left open under the prefix: their parts are
+        stored (and billed) until aborted. obstore cannot list them, so boto3 does."""
+        import botocore.exceptions
+
+        prefix = self.location.prefix + "/" if self.location.prefix else ""
+        client = self._session.client("s3", endpoint_url=self.endpoint)
+        try:
+            pages = client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.location.bucket, Prefix=prefix
+            )
+            for upload in (u for page in pages for u in page.get("Uploads", [])):
+                if "/" in upload["Key"][len(prefix) :]:
+                    continue  # deeper than this dataset
+                log.info("aborting the upload of %s left by an interrupted pack", upload["Key"])
+                client.abort_multipart_upload(
+                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            log.warning("cannot abort the uploads an interrupted pack left in %s: %s", self.url, exc)
+
     def delete(self, name: str) -> None:
         import obstore
 
@@ -295,7 +317,7 @@ class S3Store:
 
 
 def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
-    """(endpoint, region, credentials) the way the AWS CLI finds them, ``--endpoint-url`` first."""
+    """(endpoint, region, boto3 session) the way the AWS CLI finds them, ``--endpoint-url`` first."""
     import boto3
     import botocore.exceptions
 
@@ -311,7 +333,7 @@ def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
             f"no AWS credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "or AWS_PROFILE with ~/.aws/credentials"
         )
-    return endpoint.rstrip("/"), region, credentials
+    return endpoint.rstrip("/"), region, session
 
 
 class _UploadPipe:
