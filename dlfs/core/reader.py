@@ -68,6 +68,23 @@ class Reader:
             return self.store.local_descriptor(name, direct=direct)
         return None
 
+    @property
+    def partly_local(self) -> bool:
+        """The store keeps some bytes in a local tier (``stage`` fills it)."""
+        return isinstance(self.store, PartlyLocal)
+
+    def stage(self, spans: list[tuple[int, int, int]]) -> None:
+        """Fetch these (first row, shard offset, length) ranges into the store's local tier, every
+        read hinted first so that all are in flight at once. A failure is left to the files' own
+        reads, which report it."""
+        for row, offset, length in spans:
+            self.store.will_read(self.index.shard_of(row), offset, length)
+        for row, offset, length in spans:
+            try:
+                self.store.read(self.index.shard_of(row), offset, length)
+            except DlfsError as exc:
+                log.debug("staging shard %s at %d failed: %s", self.index.shard_of(row), offset, exc)
+
     def local(self, rows: np.ndarray) -> np.ndarray:
         """Which of these files' stored bytes the shards' descriptors read (all, from a directory)."""
         if not isinstance(self.store, PartlyLocal):

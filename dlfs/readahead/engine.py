@@ -172,8 +172,9 @@ class Prefetcher:
         per batch keep the check cheap; a file of the batch the kernel does not hold after all is
         read through the daemon, which moves the cursor on, as any file the read-ahead missed.
 
-        Files the C loop can push go there (``native_loader``); the rest (sentinels, compressed or
-        big files, a store without descriptors) take the Python path.
+        Files the C loop can push go there (``native_loader``), fetched into a disk tier first where
+        the store has one; the rest (sentinels, compressed or big files, a store without
+        descriptors) take the Python path.
         """
         with self.buffers.lent():
             self.stats.revealed_dirs += self.kernel.reveal(rows)
@@ -182,6 +183,8 @@ class Prefetcher:
                 log.debug("positions %d-%d: the kernel holds them already", positions[0], positions[-1])
                 self.stats.already_cached += int(pushable.size)
                 positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
+            if self.native is not None:
+                self.native.stage(positions, rows, sentinel)
             native = self.native.takes(rows, sentinel) if self.native else np.zeros(rows.size, dtype=bool)
             held = self.python.fetch(positions[~native], rows[~native], sentinel[~native])
             if self.native is not None and native.any():

@@ -70,20 +70,39 @@ class NativeLoader:
         self.stats = stats
         self.python = python
 
-    def takes(self, rows: np.ndarray, sentinel: np.ndarray) -> np.ndarray:
-        """Which files of a batch the C loop takes: pushed, stored plain, small enough to hold
-        whole, in a shard with a descriptor that reads them (a disk tier's file holds some)."""
-        if not rows.size:
-            return np.zeros(rows.size, dtype=bool)
+    def _pushable(self, rows: np.ndarray, sentinel: np.ndarray) -> np.ndarray:
+        """Files of a batch the C loop can push once their bytes are local: pushed, stored plain,
+        small enough to hold whole, in a shard with a descriptor."""
         index = self.index
-        taken = (
+        return (
             ~sentinel
             & (index.flags[rows] & fmt.FLAG_LZ4 == 0)
             & (index.size[rows] <= fmt.WHOLE_PAYLOAD_LIMIT)
             & (self._descriptors[0, index.shard[rows]] >= 0)
         )
+
+    def takes(self, rows: np.ndarray, sentinel: np.ndarray) -> np.ndarray:
+        """Which files of a batch the C loop takes: pushable, with their bytes where the shard's
+        descriptor reads them (a disk tier's file holds some)."""
+        if not rows.size:
+            return np.zeros(rows.size, dtype=bool)
+        taken = self._pushable(rows, sentinel)
         taken[taken] = self.reader.local(rows[taken])
         return taken
+
+    def stage(self, positions: np.ndarray, rows: np.ndarray, sentinel: np.ndarray) -> None:
+        """Fetch the pushable files of a batch that a disk tier lacks into it first, every read in
+        flight at once, so that the C loop takes them too. Through the tier, their bytes are copied
+        three times more, and still cost less than the Python loader's work per file: a first epoch
+        from S3 through a disk tier went from 1,081 to the files/s in docs/benchmarks.md."""
+        if not rows.size or not self.reader.partly_local:
+            return
+        missing = self._pushable(rows, sentinel)
+        missing[missing] = ~self.reader.local(rows[missing])
+        if missing.any():
+            _, spans, _, _ = storage_reads(self.index, rows[missing], positions[missing])
+            self.reader.stage(spans)
+            self.stats.storage_reads += len(spans)
 
     @functools.cached_property
     def _descriptors(self) -> np.ndarray:
