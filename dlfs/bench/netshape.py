@@ -37,9 +37,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 from dlfs.bench.seaweed import SeaweedServer
+from dlfs.bench.service import Service
 
 #: The /30 subnets of veth pairs come from here; a range no ordinary network uses.
 ADDRESS_POOL = ipaddress.ip_network("10.231.0.0/16")
@@ -76,7 +76,7 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
     return networks
 
 
-class ShapedNetwork:
+class ShapedNetwork(Service):
     """A network namespace reached from the host over a veth pair capped at ``rate_mbit`` each way.
 
     Start a server inside with ``prefix`` before its command, bound to ``server_ip``; reach it from
@@ -107,22 +107,9 @@ class ShapedNetwork:
         """A proxy on the host's loopback that adds this network's delay in front of ``port`` inside."""
         return DelayProxy(self.server_ip, port, self.one_way_delay_ms)
 
-    def __enter__(self) -> ShapedNetwork:
+    def _start(self) -> None:
         if os.geteuid() != 0:
             raise RuntimeError("a shaped network needs root (network namespaces, veth and tc): run as root")
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _create(self) -> None:
         _run("ip", "netns", "add", self.name)
         self._namespace_made = True
         with open(LOCK_PATH, "a") as lock:
@@ -160,7 +147,7 @@ class ShapedNetwork:
         burst = max(64 * 1024, int(rate_bytes * 0.002))
         return f"tbf rate {round(self.rate_mbit * 1e6)}bit burst {burst} latency {QUEUE_MS}ms".split()
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Delete the veth pair, then the namespace; each step runs even if an earlier one failed."""
         if self._host_link:
             subprocess.run(["ip", "link", "del", self._host_link], capture_output=True, check=False)
@@ -170,7 +157,7 @@ class ShapedNetwork:
             self._namespace_made = False
 
 
-class DelayProxy:
+class DelayProxy(Service):
     """The delaying proxy (``python -m dlfs.bench.netshape proxy``) as a subprocess, to ``target`` from
     ``listen_host``; ``port`` and ``endpoint`` (an http URL) say where to connect once entered."""
 
@@ -187,23 +174,13 @@ class DelayProxy:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> DelayProxy:
+    def _start(self) -> None:
         command = [
             sys.executable, "-m", "dlfs.bench.netshape", "proxy", "--listen", f"{self.host}:0",
             "--target", f"{self.target[0]}:{self.target[1]}", "--delay-ms", str(self.delay_ms),
         ]  # fmt: skip
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-        try:
-            self.port = self._read_port(self._process)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+        self.port = self._read_port(self._process)
 
     @staticmethod
     def _read_port(process: subprocess.Popen[bytes]) -> int:
@@ -214,7 +191,7 @@ class DelayProxy:
             raise RuntimeError(f"delay proxy did not start (exit status {process.poll()}): {line!r}")
         return int(line)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         process, self._process = self._process, None
         if process is None:
             return

@@ -21,7 +21,8 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
+
+from dlfs.bench.service import Service
 
 #: Seconds ``weed`` gets after SIGTERM before SIGKILL.
 STOP_GRACE = 2.0
@@ -52,7 +53,7 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-class SeaweedServer:
+class SeaweedServer(Service):
     """``weed server`` with an S3 gateway, one identity with full rights, data under ``root``.
 
     ``endpoint`` is the S3 URL; ``env()`` the AWS variables a client (dlfs, boto3) uses to reach it.
@@ -87,7 +88,7 @@ class SeaweedServer:
             "AWS_REGION": REGION,
         }
 
-    def start(self) -> SeaweedServer:
+    def _start(self) -> None:
         data = self.root / "data"
         data.mkdir(parents=True, exist_ok=True)
         config = self.root / "s3.json"
@@ -119,12 +120,7 @@ class SeaweedServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        self._wait_ready()
 
     def client(self, endpoint: str | None = None):  # boto3's client type is made at runtime
         """A boto3 S3 client for ``endpoint``, by default this server's own (a proxy in front may differ)."""
@@ -173,11 +169,3 @@ class SeaweedServer:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-    def __enter__(self) -> SeaweedServer:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
