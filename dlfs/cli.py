@@ -354,13 +354,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlfs", description=DESCRIPTION)
+    # -v/-q are taken before the command and after it: each subcommand has its own copy, with no
+    # default, so that it sets them only when given there (its own actions: a parent's are shared).
+    def global_flags(target: argparse.ArgumentParser, default: object) -> argparse.ArgumentParser:
+        target.add_argument(
+            "-v", "--verbose", action="store_true", default=default, help="log debug messages"
+        )
+        target.add_argument(
+            "-q", "--quiet", action="store_true", default=default, help="no progress bars, warnings only"
+        )
+        return target
+
+    common = global_flags(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    parser = global_flags(argparse.ArgumentParser(prog="dlfs", description=DESCRIPTION), False)
     parser.add_argument("--version", action="version", version=f"dlfs {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, warnings only")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("pack", help="pack a directory tree into shards + index")
+    p = sub.add_parser("pack", parents=[common], help="pack a directory tree into shards + index")
     p.add_argument("src", help="the directory tree to pack")
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument("--shard-size", type=parse_size, default="1G", help="target shard size (default 1G)")
@@ -390,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(p)
     p.set_defaults(func=_cmd_pack)
 
-    p = sub.add_parser("mount", help="mount a dataset read-only")
+    p = sub.add_parser("mount", parents=[common], help="mount a dataset read-only")
     d, D = MOUNT_DEFAULTS, "(default %(default)s)"  # each flag's default is MountOptions' own
     p.add_argument("dataset", help="the dataset written by dlfs pack: a directory or s3://BUCKET/PREFIX")
     p.add_argument("mountpoint", help="an empty directory")
@@ -468,19 +478,19 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(p, cache=True)
     p.set_defaults(func=_cmd_mount)
 
-    p = sub.add_parser("umount", help="unmount a dlfs mount")
+    p = sub.add_parser("umount", parents=[common], help="unmount a dlfs mount")
     p.add_argument("mountpoint")
     p.add_argument("--lazy", "-z", action="store_true", help="detach now even if busy")
     p.set_defaults(func=_cmd_umount)
 
-    p = sub.add_parser("verify", help="check every file of a dataset against its checksum")
+    p = sub.add_parser("verify", parents=[common], help="check every file of a dataset against its checksum")
     p.add_argument("dataset")
     p.add_argument("--jobs", "-j", type=int, default=4, help="parallel readers (default 4)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     _store_flags(p)
     p.set_defaults(func=_cmd_verify)
 
-    p = sub.add_parser("ls", help="list a dataset's index without mounting")
+    p = sub.add_parser("ls", parents=[common], help="list a dataset's index without mounting")
     p.add_argument("dataset")
     p.add_argument("path", nargs="?", default="", help="a path inside the dataset (default: the root)")
     p.add_argument("-l", "--long", action="store_true", help="mode, links, owner, size, mtime")
@@ -488,7 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     _store_flags(p)
     p.set_defaults(func=_cmd_ls)
 
-    p = sub.add_parser("info", help="what a dataset holds: files, bytes, shards, how it was packed")
+    p = sub.add_parser(
+        "info", parents=[common], help="what a dataset holds: files, bytes, shards, how it was packed"
+    )
     p.add_argument("dataset")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     _store_flags(p)
@@ -496,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
+        parents=[common],
         help="fio-style jobs (scan, stat, reads) on dataset trees and mounts, side by side",
         description="Run the same jobs on every ROOT (a directory, a dlfs/squashfuse/ratarmount mount) "
         "and print one table. Jobs: scan (ImageFolder-style class scan), readdir, stat, seqread, "

@@ -9,6 +9,8 @@ forked process, and this module imports none of them, so the command itself star
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import re
 import select
@@ -22,6 +24,8 @@ from pathlib import Path
 from dlfs.core.errors import MountError
 from dlfs.core.store.interface import StoreOptions
 
+log = logging.getLogger(__name__)
+
 #: How long ``dlfs mount`` waits for its daemon by default. The daemon reads and checks the whole
 #: index before it mounts (115 MiB for ImageNet's 1.28 M files): well under a second from a local
 #: disk, minutes from a volume throttled to a few MB/s or a few hundred IOPS.
@@ -29,6 +33,7 @@ READY_TIMEOUT = 300.0
 #: How long ``unmount`` keeps asking while the mount is busy.
 BUSY_RETRY_SECONDS = 3.0
 FSTYPE = "fuse.dlfs"
+STALE = "Transport endpoint is not connected"
 
 
 @dataclass(frozen=True)
@@ -69,11 +74,28 @@ def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
     return found
 
 
+def is_stale(mnt: str | os.PathLike[str]) -> bool:
+    """A FUSE mount whose daemon is gone: the kernel answers every request on it with ENOTCONN."""
+    try:
+        os.stat(mnt)
+    except OSError as exc:
+        return exc.errno == errno.ENOTCONN
+    return False
+
+
 def check_mountpoint(mnt: Path) -> None:
     if not Path("/dev/fuse").exists():
         raise MountError("/dev/fuse is missing; load the fuse module (modprobe fuse) or run where FUSE works")
     # First, from /proc: a FUSE mount whose daemon died answers anything else with ENOTCONN.
-    if os.path.ismount(mnt) or mounted_fstype(mnt):
+    fstype = mounted_fstype(mnt)
+    if fstype == FSTYPE and is_stale(mnt):  # nothing is lost by taking it over: its daemon is gone
+        log.warning("%s is a dlfs mount whose daemon died (%s); unmounting it first", mnt, STALE)
+        unmount(str(mnt), lazy=True)
+    elif fstype and is_stale(mnt):
+        raise MountError(
+            f"{mnt} is a {fstype} mount whose daemon died ({STALE}); unmount it first (fusermount3 -u {mnt})"
+        )
+    elif os.path.ismount(mnt) or fstype:
         raise MountError(f"{mnt} is already a mount point; unmount it first (dlfs umount {mnt})")
     try:
         if not mnt.exists():
@@ -174,6 +196,8 @@ def unmount(mnt: str, lazy: bool = False) -> None:
         raise MountError(f"{mnt} is not mounted")
     if fstype != FSTYPE:
         raise MountError(f"{mnt} is a {fstype} mount, not a dlfs mount; use umount")
+    if is_stale(mnt):
+        log.warning("%s was left by a dlfs daemon that died (%s); unmounting it", mnt, STALE)
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     command = (
         [tool, "-u", *(["-z"] if lazy else []), mnt] if tool else ["umount", *(["-l"] if lazy else []), mnt]

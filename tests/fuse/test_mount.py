@@ -21,6 +21,8 @@ from conftest import (
     is_mounted,
     listing_requests,
     make_odd_tree,
+    mount_pid,
+    pid_alive,
     wait_until,
     write,
 )
@@ -256,19 +258,35 @@ def _daemons_of(mnt: Path) -> list[int]:
     return found
 
 
-def test_a_mount_whose_daemon_died_is_named_and_can_be_unmounted(packed: Path, mount) -> None:
-    """A killed daemon leaves a mount that answers ENOTCONN; a new mount on it is refused with what
-    to do, and ``dlfs umount`` does it."""
+def _killed(mnt: Path) -> None:
+    """Kill the daemon serving ``mnt``: the mount stays, answering ENOTCONN."""
+    pid = _daemon_of(mnt)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)
+    with pytest.raises(OSError) as dead:
+        os.listdir(mnt)
+    assert dead.value.errno == errno.ENOTCONN
+
+
+def test_a_mount_whose_daemon_died_is_unmounted_with_a_word_why(packed: Path, mount) -> None:
     with mount(packed) as mnt:
-        pid = _daemon_of(mnt)
-        os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"), 10)
-        with pytest.raises(OSError) as dead:
-            os.listdir(mnt)
-        assert dead.value.errno == errno.ENOTCONN
-        assert_one_line_error(dlfs("mount", packed, mnt, check=False), "already a mount point")
-        dlfs("umount", mnt)
+        _killed(mnt)
+        result = dlfs("umount", mnt)
+        assert "daemon that died" in result.stderr and "Transport endpoint is not connected" in result.stderr
         assert os.listdir(mnt) == []
+
+
+def test_a_mount_on_a_mountpoint_whose_daemon_died_takes_it_over(packed: Path, odd_tree: Path, mount) -> None:
+    with mount(packed) as mnt:
+        _killed(mnt)
+        log_file = mnt.parent / "again.log"
+        result = dlfs("mount", packed, mnt, "--log-file", log_file)
+        try:
+            assert (mnt / "plain.txt").read_bytes() == (odd_tree / "plain.txt").read_bytes()
+            assert "whose daemon died" in log_file.read_text()
+        finally:
+            dlfs("umount", mnt)
+            assert wait_until(lambda: not pid_alive(mount_pid(result)), 15)
 
 
 def test_a_mount_not_ready_in_time_is_stopped_and_says_what_to_do(packed: Path, tmp_path: Path) -> None:

@@ -241,3 +241,15 @@ def test_a_full_destination_is_one_line_and_leaves_nothing_behind(tmp_path: Path
         assert not list((small / "ds").glob("*.shard")), "a failed pack removes its shards"
     finally:
         subprocess.run(["umount", "-l", small], check=False, timeout=30)
+
+
+def test_global_flags_are_taken_before_and_after_the_command(odd_tree: Path, tmp_path: Path) -> None:
+    def run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        command = [*DLFS, *map(str, args)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+
+    assert "pack:" in run("pack", odd_tree, tmp_path / "loud").stderr  # the progress bar
+    quiet = run("pack", "-q", odd_tree, tmp_path / "quiet")
+    assert "pack:" not in quiet.stderr and "packed" in quiet.stdout
+    assert "pack:" not in run("-q", "pack", odd_tree, tmp_path / "before").stderr
+    assert "dataset_id:" in run("info", tmp_path / "quiet", "-v").stdout  # "unrecognized arguments" once
