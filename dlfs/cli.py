@@ -353,6 +353,35 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: dlfs's, and the pyfuse3 and S3 client it would run with, since a stock pyfuse3
+    or a missing s3 extra changes what it can do (the mount says the same in its log)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from importlib import metadata
+
+        lines = [f"dlfs {__version__}"]
+        try:
+            from dlfs.fuse.features import describe, installed_features
+
+            features = describe(installed_features())
+            lines.append(f"pyfuse3 {metadata.version('pyfuse3')}: {features[0]}")
+            lines += [f"  {line}" for line in features[1:]]
+        except ImportError as exc:
+            lines.append(f"pyfuse3: not importable ({exc}); run make install")
+        try:
+            lines.append(
+                f"obstore {metadata.version('obstore')}, boto3 {metadata.version('boto3')}: s3:// datasets"
+            )
+        except metadata.PackageNotFoundError:
+            lines.append("no s3 extra: s3:// datasets need pip install 'dlfs[s3]'")
+        print("\n".join(lines))
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     # -v/-q are taken before the command and after it: each subcommand has its own copy, with no
     # default, so that it sets them only when given there (its own actions: a parent's are shared).
@@ -367,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     common = global_flags(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     parser = global_flags(argparse.ArgumentParser(prog="dlfs", description=DESCRIPTION), False)
-    parser.add_argument("--version", action="version", version=f"dlfs {__version__}")
+    parser.add_argument("--version", action=_Version, help="the version, and what this dlfs runs with")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pack", parents=[common], help="pack a directory tree into shards + index")

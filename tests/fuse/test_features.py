@@ -1,11 +1,15 @@
-"""The mount's one log message about pyfuse3's dlfs additions, for a full and a stock build."""
+"""What dlfs says of pyfuse3's dlfs additions: the mount's one log message (a full and a stock build)
+and `dlfs --version`."""
 
 from __future__ import annotations
 
 import logging
+import subprocess
 
 import pytest
+from conftest import DLFS
 
+from dlfs import __version__
 from dlfs.fuse.features import CONSEQUENCES, log_pyfuse3_features
 
 FULL = frozenset(CONSEQUENCES)
@@ -51,3 +55,12 @@ def test_default_reads_the_installed_pyfuse3(caplog: pytest.LogCaptureFixture) -
         log_pyfuse3_features(log)
     missing = FULL - frozenset(getattr(pyfuse3, "dlfs_features", ()))
     assert len(caplog.records) == (1 + len(missing) if missing else 1)
+
+
+def test_version_says_which_pyfuse3_additions_and_s3_client_dlfs_runs_with() -> None:
+    lines = subprocess.run(
+        [*DLFS, "--version"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert lines.startswith(f"dlfs {__version__}\n")
+    assert "pyfuse3 3.5.0+dlfs" in lines and "custom_io" in lines  # the build make install makes
+    assert "obstore" in lines
