@@ -6,6 +6,7 @@ numbers they and the C loops share.
   it misses before it gives up).
 - ``sync_file_range``: start writing a range back without waiting for it (pack).
 - ``fallocate`` with ``PUNCH_HOLE``: free a range of a file (the disk tier's evictions).
+- ``open_tree`` with ``OPEN_TREE_CLONE``: a detached copy of a mount (the daemon's own view of it).
 - ``malloc_trim``: hand the allocator's free pages back to the system (the payload cache).
 
 The C loops (``dlfs/readahead/_push.c``, ``dlfs/fuse/_dirents.c``) define the same numbers for
@@ -28,6 +29,11 @@ STAT_BLOCK = 512
 DIRECT_ALIGN = 4096
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _SYNC_FILE_RANGE_WRITE = 2
+#: open_tree's number in the generic syscall table (Linux >= 5.2), and its flags.
+SYS_OPEN_TREE = 428
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_AT_FDCWD = -100
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -87,6 +93,17 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
     if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+def open_tree_clone(path: str | bytes) -> int:
+    """An ``O_PATH`` descriptor of a detached copy of the mount at ``path``: files opened through it
+    hold the copy, not the mount, so they never make an unmount of ``path`` busy. Needs
+    CAP_SYS_ADMIN; OSError where it is refused or the kernel lacks the call."""
+    fd = _libc.syscall(SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return fd
 
 
 def _allocator_trim() -> Callable[[], object] | None:

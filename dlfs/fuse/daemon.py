@@ -29,7 +29,7 @@ from dlfs.fuse.features import log_pyfuse3_features
 from dlfs.fuse.kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
-from dlfs.fuse.mount import MountOptions, check_mountpoint
+from dlfs.fuse.mount import MountOptions, check_mountpoint, mount_id, still_mounted
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.reads import TrioReader
@@ -41,22 +41,41 @@ log = logging.getLogger(__name__)
 DAEMON_NICE = -10
 
 
+#: Longest wait between two looks at the mount table, for the unmount of this mount (a change wakes
+#: the look at once; one just before it is opened is seen at the next).
+MOUNT_TABLE_WAIT = 1.0
+
 #: How often the folders the C threads listed are passed to the lister (background work: a scan of
 #: the whole tree is relisted with attributes for the read-ahead).
 SCANS_EVERY = 0.05
 
 
 async def _serve(
-    prefetcher: Prefetcher | None, native: native_server.NativeServer | None, lister: FolderLister
+    prefetcher: Prefetcher | None,
+    native: native_server.NativeServer | None,
+    lister: FolderLister,
+    pages: MountPageCache,
+    mount: int | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
+        if mount is not None:
+            nursery.start_soon(_let_go_when_unmounted, pages, mount)
         if prefetcher is not None:
             nursery.start_soon(prefetcher.run)
         if native is not None and native.threads:
             nursery.start_soon(_relay_scans, native, lister)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+async def _let_go_when_unmounted(pages: MountPageCache, mount: int) -> None:
+    """Close the daemon's own view of the mount (``pagecache``) once its mountpoint is unmounted:
+    the view would keep the filesystem, and so this daemon, alive."""
+    while await trio.to_thread.run_sync(still_mounted, mount, MOUNT_TABLE_WAIT, abandon_on_cancel=True):
+        pass
+    log.debug("the mountpoint was unmounted; closing the daemon's view of the mount")
+    pages.close()
 
 
 async def _relay_scans(native: native_server.NativeServer, lister: FolderLister) -> None:
@@ -93,7 +112,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach the
     # kernel files and by the read-ahead's kernel, which steers those listings.
     known = KernelKnowledge(index)
-    pages = MountPageCache(str(mountpoint.resolve()))
+    resolved = mountpoint.resolve()  # before mounting: resolving it after would ask this daemon
+    pages = MountPageCache(str(resolved))
     listing = MountListing(index, known, pages)
     lister = FolderLister(index, listing.list_folder, after_scans=options.prefetch_budget > 0)
     prefetcher = None
@@ -148,9 +168,10 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
-            trio.run(_serve, prefetcher, native, lister)
+            trio.run(_serve, prefetcher, native, lister, pages, mount_id(resolved))
         clean = True
     finally:
+        pages.close()  # its copy of the mount must not outlive the session
         pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
         if native is not None:
             native.close()

@@ -61,17 +61,50 @@ class MountOptions:
     store: StoreOptions = field(default_factory=StoreOptions)
 
 
-def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
-    """The filesystem type mounted exactly at ``path``, from /proc/self/mountinfo (None if none)."""
-    target = os.fsencode(os.path.realpath(path))
-    found = None
+def _mounts() -> list[tuple[int, bytes, str]]:
+    """(mount id, mount point, filesystem type) of every mount, from /proc/self/mountinfo."""
+    found = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
             left, _, right = line.partition(b" - ")
-            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), left.split()[4])
-            if point == target:
-                found = right.split()[0].decode()
+            fields = left.split()
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            found.append((int(fields[0]), point, right.split()[0].decode()))
     return found
+
+
+def _mounted_at(point: bytes) -> tuple[int, str] | None:
+    """(mount id, filesystem type) of the mount exactly at the resolved path ``point`` (the last,
+    where several are)."""
+    found = None
+    for mount, mounted, fstype in _mounts():
+        if mounted == point:
+            found = (mount, fstype)
+    return found
+
+
+def mounted_fstype(path: str | os.PathLike[str]) -> str | None:
+    """The filesystem type mounted exactly at ``path`` (None if none)."""
+    found = _mounted_at(os.fsencode(os.path.realpath(path)))
+    return found[1] if found else None
+
+
+def mount_id(resolved: Path) -> int | None:
+    """The id of the mount exactly at ``resolved`` (another mount there later has another). The
+    path must be resolved already: resolving it would ask the mount itself, which a daemon that
+    does not serve yet cannot answer."""
+    found = _mounted_at(os.fsencode(resolved))
+    return found[0] if found else None
+
+
+def still_mounted(mount: int, wait: float) -> bool:
+    """Is mount ``mount`` still in the mount table? Asked when the table changes (the kernel wakes a
+    poll of /proc/self/mounts then) or after ``wait`` seconds."""
+    with open("/proc/self/mounts", "rb") as table:
+        poller = select.poll()
+        poller.register(table, select.POLLPRI | select.POLLERR)
+        poller.poll(wait * 1000)
+    return any(found == mount for found, _, _ in _mounts())
 
 
 def is_stale(mnt: str | os.PathLike[str]) -> bool:

@@ -455,3 +455,24 @@ def test_directory_larger_than_one_listing_buffer_lists_every_entry_once(
             ["ls", "-l", Path(mnt) / "cls"], capture_output=True, text=True, check=True, timeout=60
         ).stdout.splitlines()
         assert len(long) == len(names) + 2  # 'total' line and sub
+
+
+def test_a_plain_fusermount_right_after_an_epoch_is_announced_is_not_busy(tmp_path: Path) -> None:
+    """Announcing an epoch sets the read-ahead listing folders through the mount (after a scan, it
+    lists the whole tree again): the daemon's own open folders must not make an unmount busy."""
+    for c in range(300):
+        for k in range(30):
+            write(tmp_path / "src" / f"c{c:04d}" / f"f{k}", b"x" * 2000)
+    dlfs("pack", tmp_path / "src", tmp_path / "ds")
+    for attempt in range(3):
+        mnt = tmp_path / f"mnt{attempt}"
+        mnt.mkdir()
+        pid = mount_pid(dlfs("mount", tmp_path / "ds", mnt, "--log-file", tmp_path / f"{attempt}.log"))
+        try:
+            subprocess.run(["find", mnt], capture_output=True, check=True, timeout=60)
+            (mnt / ".dlfs" / "order" / "epoch-0").read_bytes()
+            result = subprocess.run(["fusermount3", "-u", mnt], capture_output=True, text=True, timeout=30)
+            assert result.returncode == 0, result.stderr
+            assert wait_until(lambda pid=pid: not pid_alive(pid), 15)
+        finally:
+            force_unmount(mnt)
