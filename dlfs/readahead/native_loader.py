@@ -94,7 +94,7 @@ class NativeLoader:
         """Fetch the pushable files of a batch that a disk tier lacks into it first, every read in
         flight at once, so that the C loop takes them too. Through the tier, their bytes are copied
         three times more, and still cost less than the Python loader's work per file: a first epoch
-        from S3 through a disk tier went from 1,081 to the files/s in docs/benchmarks.md."""
+        from S3 (5 Gbit/s, 30 ms) through a disk tier ran at 1,698 files/s so, 1,081 without."""
         if not rows.size or not self.reader.partly_local:
             return
         missing = self._pushable(rows, sentinel)

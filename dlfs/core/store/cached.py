@@ -5,8 +5,9 @@ aligned blocks of ``BLOCK`` bytes. Each shard the tier holds blocks of is one sp
 (``shards/<shard name>``) at the shard's own offsets, with a map beside it (``<name>.map``, one
 byte per block, set once the block is written whole). Same offsets, so a span of cached blocks is
 one ``pread``, and the read-ahead's C loop reads such spans itself through the file's descriptor
-(``local_descriptor``), as from a local dataset: a second epoch from the tier went from 0.33x the
-local shards' files/s through the Python loader to the figure in docs/benchmarks.md. A read takes
+(``local_descriptor``), as from a local dataset: a later epoch from the tier runs at 0.94-0.95x the
+local shards' files/s so, against 0.33x through the Python loader (docs/benchmarks.md,
+docs/design.md). A read takes
 what it can from the file and fetches each run of missing blocks from the store in one ranged GET
 (the read-ahead asks for megabytes of neighbouring files at once; a lone file of a shuffled read
 costs at most two blocks). Shard names carry the dataset id, so a remount of the same dataset finds

@@ -339,7 +339,7 @@ def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
 class _UploadPipe:
     """Bytes handed from the packer's thread to an upload's, at most ``limit`` waiting.
 
-    Iterating yields what was put until ``close``; after ``fail`` the iteration raises, which
+    Iterating yields what was put until ``close``; after ``close(failed=True)`` it raises, which
     makes obstore abort the multipart upload.
     """
 
