@@ -227,6 +227,20 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_stats(args: argparse.Namespace) -> int:
+    from dlfs import stats
+
+    if args.watch is None:
+        now = stats.figures(stats.snapshot(args.mountpoint))
+        print(json.dumps(stats.summary(now), indent=2) if args.json else stats.table(args.mountpoint, now))
+        return 0
+    if args.watch <= 0:
+        raise DlfsError("--watch takes a positive number of seconds")
+    for rates in stats.watch(args.mountpoint, args.watch):
+        print(json.dumps(rates) if args.json else stats.line(rates), flush=True)
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from dlfs.core import format as fmt
 
@@ -526,6 +540,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-R", "--recursive", action="store_true", help="list subdirectories too, with full paths")
     _store_flags(p)
     p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser("stats", parents=[common], help="what a mount is doing: reads, caches, waits, latency")
+    p.add_argument("mountpoint")
+    p.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=1.0,
+        metavar="SECONDS",
+        help="print rates every SECONDS (default 1) until interrupted, instead of the totals since mounting",
+    )
+    p.add_argument("--json", action="store_true", help="JSON: one object, or one line per interval")
+    p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser(
         "info", parents=[common], help="what a dataset holds: files, bytes, shards, how it was packed"

@@ -26,6 +26,29 @@ CONTROL_NAME = b".dlfs"
 ORDER_NAME = b"order"
 STATS_NAME = b"stats"
 CONFIG_NAME = b"config"
+#: READ latencies in ``.dlfs/stats``: counts per bucket, bucket k holding [2^k, 2^(k+1)) µs (bucket 0
+#: also what is faster). Buckets, not samples: a mount serves millions of reads, and the counts of
+#: two snapshots subtract into the latencies between them (``dlfs stats --watch``).
+LATENCY_BUCKETS = 32
+
+
+def latency_bucket(seconds: float) -> int:
+    return min(max(int(seconds * 1e6).bit_length() - 1, 0), LATENCY_BUCKETS - 1)
+
+
+def latency_percentile(counts: list[int], q: float) -> float | None:
+    """The latency (µs, its bucket's upper bound) below which a share ``q`` of ``counts`` falls."""
+    total = sum(counts)
+    if not total:
+        return None
+    seen = 0
+    for bucket, count in enumerate(counts):
+        seen += count
+        if seen >= q * total:
+            return float(2 ** (bucket + 1))
+    return float(2**LATENCY_BUCKETS)
+
+
 _ORDER_FILE = re.compile(rb"epoch-(\d+)(?:\.rank-(\d+)-of-(\d+))?")
 
 

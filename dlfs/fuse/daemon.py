@@ -20,7 +20,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
-from dlfs.core.protocol import CONTROL_NAME
+from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS
 from dlfs.core.store import CachedStore, Store, index_copies, is_s3, open_store
 from dlfs.core.store.s3 import S3Store
 from dlfs.fuse import server as native_server
@@ -124,13 +124,20 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         )
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
     requests: Counter[str] = Counter()
+    read_latency = [0] * LATENCY_BUCKETS
     native = _native_server(index, reader, known, options)
 
     def stats() -> dict[str, object]:
         return {
             "requests": dict(requests),
             "cache": cache.stats(),
-            "storage": {"reads": reader.storage_reads, "bytes": reader.storage_bytes},
+            "storage": {
+                "reads": reader.storage_reads,
+                "bytes": reader.storage_bytes,
+                "waits": reader.storage_waits,
+                "wait_seconds": round(reader.storage_wait_seconds, 6),
+            },
+            "read_latency_us_log2": list(read_latency),
             "disk_cache": store.stats() if isinstance(store, CachedStore) else None,
             "store": _store_counts(store),
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
@@ -142,7 +149,9 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         }
 
     control = ControlTree(index, spec, stats)
-    operations = DlfsOperations(index, reader, control, prefetcher, lister, known, requests, native)
+    operations = DlfsOperations(
+        index, reader, control, prefetcher, lister, known, requests, native, read_latency
+    )
     operations.readdirplus_auto = options.readdirplus == "auto"
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:

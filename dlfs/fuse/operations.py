@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -37,7 +38,7 @@ from pyfuse3 import (
 from dlfs.core import format as fmt
 from dlfs.core.errors import DlfsError
 from dlfs.core.index import Attrs, Index
-from dlfs.core.protocol import CONTROL_NAME
+from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS, latency_bucket
 from dlfs.fuse import dirents
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.known import KernelKnowledge
@@ -90,6 +91,7 @@ class DlfsOperations(pyfuse3.Operations):
         known: KernelKnowledge | None = None,
         requests: Counter[str] | None = None,
         native: NativeServer | None = None,
+        read_latency: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -100,6 +102,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.known = known if known is not None else KernelKnowledge(index)
         #: Requests answered, by kind (and bytes read), for ``.dlfs/stats``.
         self.requests: Counter[str] = requests if requests is not None else Counter()
+        #: READs of files answered here, by latency (``protocol.latency_bucket``), for ``.dlfs/stats``.
+        self.read_latency = read_latency if read_latency is not None else [0] * LATENCY_BUCKETS
         #: The C threads that answer the hot requests before they reach this object, if running.
         self.native = native
         self._listings = dirents.Encoder(
@@ -307,6 +311,7 @@ class DlfsOperations(pyfuse3.Operations):
         row = self._check(fh)
         if not self.index.is_file(row):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
+        started = time.perf_counter()
         if self.prefetcher is not None:
             self.prefetcher.observe(row)
             await self.prefetcher.arrival(row)
@@ -315,6 +320,7 @@ class DlfsOperations(pyfuse3.Operations):
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
         self.requests["read_bytes"] += len(data)
+        self.read_latency[latency_bucket(time.perf_counter() - started)] += 1
         return data
 
     async def release(self, fh: FileHandleT) -> None:

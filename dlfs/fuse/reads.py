@@ -8,6 +8,7 @@ back cost more than the read itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,9 +32,21 @@ class TrioReader(Reader):
         self._limiter = trio.CapacityLimiter(max_threads)
         self._inflight: dict[int, _Pending] = {}
         self._verified = np.zeros(index.count, dtype=bool)
+        #: READs that waited for storage (a thread's fetch), and for how long in all.
+        self.storage_waits = 0
+        self.storage_wait_seconds = 0.0
 
     async def _once(self, row: int, work: Callable[[int], T]) -> T:
-        """Run ``work(row)`` in a thread; concurrent callers for the same row share one run."""
+        """Run ``work(row)`` in a thread; concurrent callers for the same row share one run. Each
+        caller's wait counts in ``storage_waits`` and ``storage_wait_seconds``."""
+        started = time.perf_counter()
+        try:
+            return await self._shared(row, work)
+        finally:
+            self.storage_waits += 1
+            self.storage_wait_seconds += time.perf_counter() - started
+
+    async def _shared(self, row: int, work: Callable[[int], T]) -> T:
         pending = self._inflight.get(row)
         if pending is None:
             pending = self._inflight[row] = _Pending()

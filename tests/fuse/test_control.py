@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DLFS, assert_one_line_error, dlfs, drop_from_memory
 
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec, epoch_order
@@ -89,3 +92,28 @@ def test_every_file_appears_once_per_epoch_in_both_modes(packed: Path, mount, mo
         files = [p for p in Path(mnt).rglob("*") if p.is_file() and not p.is_symlink()]
         assert len(lines) == len(files) == len(set(lines))
         assert np.unique(lines).size == len(lines)
+
+
+def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed: Path, odd_tree: Path, mount) -> None:
+    for shard in packed.glob("*.shard"):
+        drop_from_memory(shard)  # so that reads wait for storage
+    with mount(packed, "--native-threads", "0") as mnt:  # Python answers the reads: latencies counted
+        for path in sorted((odd_tree / "many").iterdir())[:50]:
+            assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
+        totals = json.loads(dlfs("stats", mnt, "--json").stdout)
+        assert totals["reads"] >= 45 and totals["bytes_served"] > 0  # empty files need no READ
+        assert totals["storage_waits"] > 0 and totals["read_p50_us"] is not None
+        assert "reads" in dlfs("stats", mnt).stdout
+        watching = subprocess.Popen(
+            [*DLFS, "stats", str(mnt), "--watch", "0.2", "--json"], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            time.sleep(1.0)
+            for path in sorted((odd_tree / "classes" / "n00000000").iterdir()):
+                (mnt / "classes" / "n00000000" / path.name).read_bytes()
+            time.sleep(0.6)
+        finally:
+            watching.terminate()
+        lines = [json.loads(line) for line in watching.communicate(timeout=10)[0].splitlines()]
+        assert len(lines) >= 4 and sum(line["reads_per_s"] for line in lines) > 0
+    assert_one_line_error(dlfs("stats", odd_tree, check=False), "not a dlfs mount")
