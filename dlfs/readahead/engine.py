@@ -184,8 +184,9 @@ class Prefetcher:
                 self.stats.already_cached += int(pushable.size)
                 positions, rows, sentinel = positions[sentinel], rows[sentinel], sentinel[sentinel]
             if self.native is not None:
-                self.native.stage(positions, rows, sentinel)
-            native = self.native.takes(rows, sentinel) if self.native else np.zeros(rows.size, dtype=bool)
+                native = self.native.takes(positions, rows, sentinel)
+            else:
+                native = np.zeros(rows.size, dtype=bool)
             held = self.python.fetch(positions[~native], rows[~native], sentinel[~native])
             if self.native is not None and native.any():
                 held += self.native.fetch(positions[native], rows[native])

@@ -248,19 +248,10 @@ class S3Store:
         return sorted(self.sizes())
 
     def map_index(self, name: str) -> memoryview:
-        import obstore
-
-        with self._errors(f"reading {self.url}/{name}"):
-            try:
-                data = obstore.get(self._store, name).bytes()
-            except FileNotFoundError as exc:
-                if "NoSuchBucket" in str(exc):
-                    raise
-                message = f"{self.url} is not a dlfs dataset (no {name}); run dlfs pack first"
-                raise DatasetError(message) from None
-        self.requests += 1
-        self.received += len(data)
-        return memoryview(bytes(data))
+        size = self.size(name)
+        if size is None:
+            raise DatasetError(f"{self.url} is not a dlfs dataset (no {name}); run dlfs pack first")
+        return memoryview(self.read(name, 0, size))
 
     def put_atomic(self, name: str, data: bytes) -> None:
         import obstore
