@@ -28,6 +28,9 @@ from dlfs.bench.service import Service
 STOP_GRACE = 2.0
 READY_TIMEOUT = 60.0
 REGION = "us-east-1"
+#: Volume size and count: room for ~32 GiB over as many buckets as tests make, whatever the disk.
+VOLUME_MB = 64
+VOLUMES = 512
 
 
 def weed_binary() -> str:
@@ -108,7 +111,10 @@ class SeaweedServer(Service):
             f"-volume.port={volume}", f"-volume.port.grpc={grpc[1]}",
             f"-filer.port={filer}", f"-filer.port.grpc={grpc[2]}",
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={grpc[3]}", f"-s3.config={config}",
-            "-master.volumeSizeLimitMB=1024", "-volume.max=0", "-volume.preStopSeconds=0",
+            # Small volumes and a fixed count: every bucket grows 7 volumes at once, and with the
+            # count derived from free disk (-volume.max=0) a second bucket on a fuller disk finds
+            # none left and every PUT fails with 500.
+            f"-master.volumeSizeLimitMB={VOLUME_MB}", f"-volume.max={VOLUMES}", "-volume.preStopSeconds=0",
             # Off: fixed ports, on which a second server on this machine would clash.
             "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
