@@ -1,8 +1,9 @@
 """``dlfs stats MNT``: what a mount is doing, from its ``.dlfs/stats``, once or every few seconds.
 
-The daemon keeps counters only (requests, bytes, hits, waits, a latency histogram); rates are the
+The daemon keeps counters only (requests, bytes, hits, waits, latency histograms); rates are the
 difference of two snapshots over the time between them, so watching costs the daemon nothing but
-one small read. Reads and bytes count those answered in C (``native``) and in Python alike.
+one small read. Reads and bytes count those answered in C (``native``) and in Python alike; their
+latencies are kept apart, since a READ Python answers waits for its one thread and C's do not.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def figures(stats: Json) -> Json:
     prefetch = stats.get("prefetch") or {}
     readings = (prefetch.get("readings") or {}).values()
     latency = stats.get("read_latency_us_log2") or []
+    native_latency = native.get("read_latency_us_log2") or []
     return {
         # READs of files: those Python answered are in its latency histogram (its "read" requests
         # count the control files too, this very snapshot among them).
@@ -57,6 +59,7 @@ def figures(stats: Json) -> Json:
         "pushed_files": prefetch.get("pushed_files", 0),
         "lead_files": sum(r.get("lead_files", 0) for r in readings),
         "latency": latency,
+        "native_latency": native_latency,
         "uptime_seconds": stats.get("uptime_seconds", 0.0),
     }
 
@@ -69,23 +72,30 @@ def _percentiles(latency: list[int]) -> tuple[float | None, float | None]:
     return latency_percentile(latency, 0.5), latency_percentile(latency, 0.99)
 
 
+#: The histograms among ``figures``: no rate of their own, percentiles instead.
+_HISTOGRAMS = ("latency", "native_latency")
+
+
 def summary(now: Json) -> Json:
     """Cumulative figures since the mount, with hit ratios and read latency percentiles."""
     p50, p99 = _percentiles(now["latency"])
+    native_p50, native_p99 = _percentiles(now["native_latency"])
     return {
-        **{key: value for key, value in now.items() if key != "latency"},
+        **{key: value for key, value in now.items() if key not in _HISTOGRAMS},
         "ram_hit_ratio": _ratio(now["ram_hits"], now["ram_misses"]),
         "disk_hit_ratio": _ratio(now["disk_hits"], now["disk_misses"]),
         "read_p50_us": p50,
         "read_p99_us": p99,
+        "native_read_p50_us": native_p50,
+        "native_read_p99_us": native_p99,
     }
 
 
 def rates(before: Json, after: Json, seconds: float) -> Json:
     """Per-second rates between two snapshots, hit ratios and read latencies of that interval."""
-    delta = {key: after[key] - before[key] for key in after if key not in ("latency", "lead_files")}
-    latency = [b - a for a, b in zip(before["latency"], after["latency"], strict=False)]
-    p50, p99 = _percentiles(latency)
+    delta = {key: after[key] - before[key] for key in after if key not in (*_HISTOGRAMS, "lead_files")}
+    p50, p99 = _percentiles(_difference(before["latency"], after["latency"]))
+    native_p50, native_p99 = _percentiles(_difference(before["native_latency"], after["native_latency"]))
     per_second = {f"{key}_per_s": value / seconds for key, value in delta.items() if key != "uptime_seconds"}
     return {
         **per_second,
@@ -97,7 +107,14 @@ def rates(before: Json, after: Json, seconds: float) -> Json:
         "lead_files": after["lead_files"],
         "read_p50_us": p50,
         "read_p99_us": p99,
+        "native_read_p50_us": native_p50,
+        "native_read_p99_us": native_p99,
     }
+
+
+def _difference(before: list[int], after: list[int]) -> list[int]:
+    """The histogram of what came between two snapshots of it."""
+    return [b - a for a, b in zip(before, after, strict=False)]
 
 
 def watch(mnt: str | os.PathLike[str], every: float) -> Iterator[Json]:
@@ -131,6 +148,7 @@ def table(mnt: str | os.PathLike[str], figures_now: Json) -> str:
             f"{s['storage_waits']:,} reads, {s['storage_wait_seconds']:.2f} s in all",
         ),
         ("read-ahead", f"{s['pushed_files']:,} files pushed, {s['lead_files']:,} ahead of the readers now"),
+        ("reads in C", f"p50 {_us(s['native_read_p50_us'])}, p99 {_us(s['native_read_p99_us'])}"),
         ("reads in Python", f"p50 {_us(s['read_p50_us'])}, p99 {_us(s['read_p99_us'])}"),
         ("uptime", f"{s['uptime_seconds']:,.0f} s"),
     ]
@@ -145,5 +163,6 @@ def line(r: Json) -> str:
         f"store {r['store_bytes_per_s'] / 1e6:7,.1f} MB/s  ahead {r['lead_files']:>6,}  "
         f"waits {r['storage_waits_per_s']:6,.0f}/s"
         + (f" ({r['storage_wait_ms']:.1f} ms)" if r["storage_wait_ms"] is not None else "")
-        + f"  p50 {_us(r['read_p50_us'])} p99 {_us(r['read_p99_us'])}"
+        + f"  C p50 {_us(r['native_read_p50_us'])} p99 {_us(r['native_read_p99_us'])}"
+        + f"  Python p50 {_us(r['read_p50_us'])} p99 {_us(r['read_p99_us'])}"
     )

@@ -61,6 +61,9 @@
 #define OPCODES 64
 /* The index's flag for an lz4-compressed payload (dlfs/core/format.py FLAG_LZ4). */
 #define FLAG_LZ4 1
+/* READ latencies: bucket k counts those of [2^k, 2^(k+1)) us, bucket 0 also faster ones, the last
+ * also slower ones (dlfs/core/protocol.py LATENCY_BUCKETS, latency_bucket). */
+#define LATENCY_BUCKETS 32
 
 /* Where the index's columns lie (dlfs/core/format.py SECTIONS) and what replies share. */
 struct dataset {
@@ -79,8 +82,10 @@ struct dataset {
     uint32_t readdirplus_auto; /* the mount asked the kernel for READDIRPLUS_AUTO */
 };
 
+/* Each thread's own, summed when Python asks (dlfs_server_counts): the hot path takes no lock. */
 struct counts {
     uint64_t answered[OPCODES], cpu_ns[OPCODES], forwarded[OPCODES], read_bytes, regions;
+    uint64_t read_latency[LATENCY_BUCKETS], read_ns; /* READs answered here, from request to reply */
 };
 
 struct worker {
@@ -137,6 +142,20 @@ static uint64_t cpu_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return (uint64_t)t.tv_sec * NSEC + (uint64_t)t.tv_nsec;
+}
+
+static uint64_t wall_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * NSEC + (uint64_t)t.tv_nsec;
+}
+
+/* A READ answered here took ns from the moment its request was read to its reply's write. */
+static void note_read_latency(struct counts *c, uint64_t ns) {
+    uint64_t us = ns / 1000;
+    int bucket = us ? 63 - __builtin_clzll(us) : 0;
+    c->read_latency[bucket < LATENCY_BUCKETS ? bucket : LATENCY_BUCKETS - 1]++;
+    c->read_ns += ns;
 }
 
 static void reply(struct worker *w, uint64_t unique, int error, const void *data, size_t size) {
@@ -533,7 +552,10 @@ static void *serve(void *arg) {
             continue;
         struct fuse_in_header *in = (struct fuse_in_header *)w->request;
         uint32_t op = in->opcode < OPCODES ? in->opcode : OPCODES - 1;
+        uint64_t arrived = op == FUSE_READ ? wall_now() : 0; /* two vDSO calls per READ, none else */
         if (handle(w, in, w->request + sizeof *in, (size_t)n - sizeof *in)) {
+            if (op == FUSE_READ)
+                note_read_latency(&w->counts, wall_now() - arrived);
             w->counts.answered[op]++;
             w->counts.cpu_ns[op] += cpu_now() - started;
         } else {
@@ -709,6 +731,9 @@ void dlfs_server_counts(struct counts *out) {
         }
         out->read_bytes += c->read_bytes;
         out->regions += c->regions;
+        for (int b = 0; b < LATENCY_BUCKETS; b++)
+            out->read_latency[b] += c->read_latency[b];
+        out->read_ns += c->read_ns;
     }
 }
 

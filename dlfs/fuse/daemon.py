@@ -138,6 +138,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
                 "wait_seconds": round(reader.storage_wait_seconds, 6),
             },
             "read_latency_us_log2": list(read_latency),
+            "read_seconds": round(operations.read_seconds, 6),
             "disk_cache": store.stats() if isinstance(store, CachedStore) else None,
             "store": _store_counts(store),
             "prefetch": prefetcher.snapshot() if prefetcher is not None else None,

@@ -104,6 +104,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.requests: Counter[str] = requests if requests is not None else Counter()
         #: READs of files answered here, by latency (``protocol.latency_bucket``), for ``.dlfs/stats``.
         self.read_latency = read_latency if read_latency is not None else [0] * LATENCY_BUCKETS
+        #: Their latencies' sum, in seconds (a Prometheus histogram's ``_sum``).
+        self.read_seconds = 0.0
         #: The C threads that answer the hot requests before they reach this object, if running.
         self.native = native
         self._listings = dirents.Encoder(
@@ -320,7 +322,9 @@ class DlfsOperations(pyfuse3.Operations):
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
         self.requests["read_bytes"] += len(data)
-        self.read_latency[latency_bucket(time.perf_counter() - started)] += 1
+        took = time.perf_counter() - started
+        self.read_latency[latency_bucket(took)] += 1
+        self.read_seconds += took
         return data
 
     async def release(self, fh: FileHandleT) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import pyfuse3
 
 from dlfs.core.index import Index
+from dlfs.core.protocol import LATENCY_BUCKETS
 from dlfs.core.reader import Reader
 from dlfs.fuse import dirents
 from dlfs.fuse.known import KernelKnowledge
@@ -81,6 +82,8 @@ class _Counts(ctypes.Structure):
         ("forwarded", ctypes.c_uint64 * OPCODES),
         ("read_bytes", ctypes.c_uint64),
         ("regions", ctypes.c_uint64),
+        ("read_latency", ctypes.c_uint64 * LATENCY_BUCKETS),
+        ("read_ns", ctypes.c_uint64),
     ]
 
 
@@ -196,7 +199,9 @@ class NativeServer:
         self._lib.dlfs_server_watch_reads(1)
 
     def counts(self) -> dict[str, object]:
-        """Requests answered in C and handed to Python, by kind, and the C threads' CPU per kind."""
+        """Requests answered in C and handed to Python, by kind, the C threads' CPU per kind, and
+        the latency of the READs answered in C (from reading the request to writing the reply) as
+        ``.dlfs/stats`` gives Python's: log2 µs buckets and their seconds in all."""
         c = _Counts()
         self._lib.dlfs_server_counts(ctypes.byref(c))
         answered, forwarded, cpu = {}, {}, {}
@@ -214,6 +219,8 @@ class NativeServer:
             "cpu_us_per_request": cpu,
             "read_bytes": c.read_bytes,
             "regions_fetched": c.regions,
+            "read_latency_us_log2": list(c.read_latency),
+            "read_seconds": round(c.read_ns / 1e9, 6),
         }
 
     def session_ended(self) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dlfs.core import libc
+from dlfs.core import libc, protocol
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dlfs"
 
@@ -98,6 +98,7 @@ def _c_define(source: str, name: str) -> int:
         ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
         ("core/_pagecache.h", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
         ("fuse/_entry.h", "BLOCK", libc.STAT_BLOCK),
+        ("fuse/_server.c", "LATENCY_BUCKETS", protocol.LATENCY_BUCKETS),
     ],
 )
 def test_the_c_loops_use_the_numbers_of_core_libc(source: str, name: str, value: int) -> None:

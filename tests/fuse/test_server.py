@@ -32,6 +32,7 @@ from conftest import (
 )
 
 from dlfs.core.libc import cached_pages
+from dlfs.core.protocol import LATENCY_BUCKETS
 
 #: Readers at once: more than the machine's cores and the mount's threads.
 READERS = 16
@@ -78,6 +79,26 @@ def test_many_readers_get_every_byte_and_attribute_from_the_c_threads(
     for kind in ("lookup", "ioctl", "read"):
         assert counts["answered"][kind] > 0, counts
     assert "read" not in counts["forwarded"], counts  # every file here is small enough for C
+
+
+def test_reads_answered_in_c_are_timed_apart_from_pythons(odd_tree: Path, packed: Path, mount) -> None:
+    """Every READ the C threads answer lands in one log2 µs bucket of their own histogram, whose
+    p50/p99 ``dlfs stats`` shows beside Python's."""
+    with mount(packed) as mnt:
+        for path in sorted((odd_tree / "many").iterdir())[:50]:
+            assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
+        counts = native_stats(mnt)
+        totals = json.loads(dlfs("stats", mnt, "--json").stdout)
+        assert "reads in C" in dlfs("stats", mnt).stdout
+    latency = counts["read_latency_us_log2"]
+    assert len(latency) == LATENCY_BUCKETS
+    assert sum(latency) == counts["answered"]["read"] >= 45  # empty files need no READ
+    used = [k for k, n in enumerate(latency) if n]
+    mean_us = counts["read_seconds"] * 1e6 / sum(latency)
+    # The seconds in all agree with the buckets: their mean lies between the lowest and highest used.
+    assert (2 ** used[0] if used[0] else 0) <= mean_us <= 2 ** (used[-1] + 1)
+    assert totals["native_read_p50_us"] <= totals["native_read_p99_us"]
+    assert totals["read_p50_us"] is None  # Python answered no READ of a file
 
 
 def test_c_and_python_answer_alike(odd_tree: Path, packed: Path, mount) -> None:
