@@ -50,6 +50,12 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r} (1-65535)")
+    return int(text)
+
+
 def parse_size_or_auto(text: str) -> int | None:
     """``parse_size``, or None for 'auto' (the daemon decides)."""
     return None if text.strip().lower() == "auto" else parse_size(text)
@@ -117,6 +123,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         native_threads=args.native_threads,
         region_ahead=args.region_ahead,
         store=_store_options(args),
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
     )
     if not args.foreground:
         started = time.monotonic()
@@ -478,6 +486,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve the mount's counters in Prometheus text format on this TCP port (default: off)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default=d.metrics_addr,
+        metavar="ADDR",
+        help=f"address --metrics-port listens on; 0.0.0.0 or :: for every interface {D}",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of the published epoch orders {D}")
     p.add_argument(
         "--order",

@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
@@ -35,6 +36,9 @@ from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.reads import TrioReader
 from dlfs.readahead.engine import Prefetcher
 
+if TYPE_CHECKING:  # imported when --metrics-port asks for it
+    from dlfs.metrics import MetricsEndpoint
+
 log = logging.getLogger(__name__)
 
 #: Scheduling priority of the daemon (nice value); see _serve_first.
@@ -56,7 +60,14 @@ async def _serve(
     lister: FolderLister,
     pages: MountPageCache,
     mount: int | None,
+    metrics: MetricsEndpoint | None,
+    stats: Callable[[], dict[str, object]],
 ) -> None:
+    if metrics is not None:
+        # A scrape comes on the endpoint's thread; the counters belong to this loop, which builds
+        # the snapshot between two requests, as for a read of .dlfs/stats.
+        token = trio.lowlevel.current_trio_token()
+        metrics.start(lambda: trio.from_thread.run_sync(stats, trio_token=token))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
         if mount is not None:
@@ -154,6 +165,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         index, reader, control, prefetcher, lister, known, requests, native, read_latency
     )
     operations.readdirplus_auto = options.readdirplus == "auto"
+    metrics = _metrics_endpoint(options)
     fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
     if options.allow_other:
         fuse_options.add("allow_other")
@@ -162,6 +174,8 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     try:
         pyfuse3.init(operations, str(mountpoint), fuse_options)
     except RuntimeError as exc:
+        if metrics is not None:
+            metrics.close()
         raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
     log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
     log_pyfuse3_features(log)
@@ -178,15 +192,26 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
-            trio.run(_serve, prefetcher, native, lister, pages, mount_id(resolved))
+            trio.run(_serve, prefetcher, native, lister, pages, mount_id(resolved), metrics, stats)
         clean = True
     finally:
+        if metrics is not None:
+            metrics.close()
         pages.close()  # its copy of the mount must not outlive the session
         pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
         if native is not None:
             native.close()
         store.close()
     log.info("unmounted %s", mnt)
+
+
+def _metrics_endpoint(options: MountOptions) -> MetricsEndpoint | None:
+    """The Prometheus endpoint if asked for, bound before the mount: a taken port fails the mount."""
+    if options.metrics_port is None:
+        return None
+    from dlfs.metrics import MetricsEndpoint
+
+    return MetricsEndpoint(options.metrics_addr, options.metrics_port)
 
 
 def _native_server(

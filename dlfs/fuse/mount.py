@@ -59,6 +59,9 @@ class MountOptions:
     region_ahead: int | None = None
     #: How to reach an ``s3://`` dataset and the disk tier in front of it.
     store: StoreOptions = field(default_factory=StoreOptions)
+    #: Serve the mount's counters to Prometheus on this TCP port (``dlfs.metrics``); None: off.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
 
 def _mounts() -> list[tuple[int, bytes, str]]:
