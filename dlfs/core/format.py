@@ -48,6 +48,9 @@ SHARD_HEADER = struct.Struct("<8sII16s")
 SHARD_SUFFIX = ".shard"
 
 FLAG_LZ4 = 1
+#: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
+#: file's; size and checksum are of the stored bytes, so reading needs nothing else.
+FLAG_TRANSFORMED = 2
 #: The file-type bits of st_mode, as an integer mask that also works on numpy arrays.
 TYPE_MASK = 0o170000
 #: Files larger than this are stored raw and read by range; smaller ones are read and checked whole.

@@ -78,6 +78,8 @@ class VerifyReport:
     bytes: int = 0
     seconds: float = 0.0
     bad: list[dict[str, str]] = field(default_factory=list)
+    #: ``Index.transform``: checked are the bytes a pack-time transform stored, not the source's.
+    transform: str = ""
 
     @property
     def ok(self) -> bool:
@@ -99,7 +101,9 @@ def verify(
         index.check_shards(store)
         reader = Reader(index, store, PayloadCache(0))
         rows = index.file_rows()
-        report = VerifyReport(files=int(rows.size), bytes=int(index.size[rows].sum()))
+        report = VerifyReport(
+            files=int(rows.size), bytes=int(index.size[rows].sum()), transform=index.transform
+        )
 
         def check(run: list[int]) -> list[tuple[int, str | None]]:
             return _check_run(reader, run)

@@ -142,6 +142,7 @@ class ControlTree:
             "mode": self.spec.mode,
             "block": self.spec.block,
             "window": self.spec.window,
+            "transform": self.index.meta.get("transform"),
         }
 
     def files(self) -> np.ndarray:

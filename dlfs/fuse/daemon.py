@@ -30,7 +30,7 @@ from dlfs.fuse.features import log_pyfuse3_features
 from dlfs.fuse.kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
-from dlfs.fuse.mount import MountOptions, check_mountpoint, mount_id, still_mounted
+from dlfs.fuse.mount import MountOptions, check_allow_other, check_mountpoint, mount_id, still_mounted
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.reads import TrioReader
@@ -113,9 +113,12 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
     index = Index.load(store, index_copies(options.store))
     log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
+    if index.transform:
+        log.info("transform %s: the mount serves the transformed bytes", index.transform)
     index.check_shards(store)
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)
+    check_allow_other(options.allow_other)
     # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
     # cache, so the cache holds its budget on top of what demand reads get.
     cache = PayloadCache(options.cache_size + options.prefetch_budget)
@@ -243,13 +246,17 @@ def _serve_first() -> None:
     """Let the daemon run ahead of its readers: every reader waits on it, never the other way.
 
     With 8 loader processes on a few cores, a FUSE server at normal priority gets a 1/9 share and
-    each reply waits behind readers' time slices. Raising its priority needs root; without, the
-    daemon runs as before.
+    each reply waits behind readers' time slices. Raising its priority needs root (or
+    CAP_SYS_NICE); without, the daemon runs at normal priority and says so.
     """
     try:
         os.setpriority(os.PRIO_PROCESS, 0, DAEMON_NICE)
     except PermissionError:
-        log.debug("cannot raise the daemon's priority (not root)")
+        log.info(
+            "not root: the daemon runs at normal priority (nice %d needs root or CAP_SYS_NICE), so "
+            "with many loader processes on few cores its replies wait behind their time slices",
+            DAEMON_NICE,
+        )
 
 
 def _store_counts(store: Store) -> dict[str, int] | None:

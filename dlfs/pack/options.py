@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from dlfs.core.errors import PackError
 from dlfs.core.store import StoreOptions
+from dlfs.pack.transform import Transform
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class PackOptions:
     sync: bool = True
     #: How to reach an ``s3://`` destination.
     store: StoreOptions = field(default_factory=StoreOptions)
+    #: Bytes stored in place of each file's (``dlfs pack --transform``); None stores them as they are.
+    transform: Transform | None = None
 
 
 @dataclass
@@ -55,6 +58,14 @@ class PackSummary:
     skipped_special: int = 0
     skipped_errors: int = 0
     skipped_paths: list[str] = field(default_factory=list)
+    #: ``--transform``'s spec and codec ("" without one), the files it changed, and per reason
+    #: (``images.Kept``) the files it stored unchanged.
+    transform: str = ""
+    codec: str = ""
+    transformed_files: int = 0
+    #: Bytes of the source files read, against ``bytes`` (what the dataset holds for them).
+    source_bytes: int = 0
+    kept_files: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -2,7 +2,9 @@
 
 The walk (``walk``) numbers the rows the way the index wants them. File bytes are read by a thread
 pool (``pipeline``: reads release the GIL), checksummed and optionally compressed there, and laid
-into shards in placement order (``placement``, ``writers``). The index (``columns``) is published
+into shards in placement order (``placement``, ``writers``). A ``--transform`` (``transform``) is
+CPU work that holds the GIL, so with one the files are read and transformed by a pool of
+processes instead, one per core. The index (``columns``) is published
 last with an atomic rename, and shard names carry the new dataset id, so an interrupted or failed
 pack never disturbs a dataset that already mounts and never leaves one that does
 (``destination``).
@@ -10,10 +12,13 @@ pack never disturbs a dataset that already mounts and never leaves one that does
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +28,7 @@ from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import LocalStore, Store, is_s3, open_store
+from dlfs.pack import images
 from dlfs.pack.columns import Placed, index_arrays
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
@@ -86,7 +92,7 @@ def _replace(src: Path, store: Store, old_id: str | None, options: PackOptions) 
 
 
 def _write_payloads(
-    pool: ThreadPoolExecutor,
+    pool: Executor,
     tree: Tree,
     rows: np.ndarray,
     shards: ShardSet,
@@ -98,6 +104,7 @@ def _write_payloads(
     placed = Placed()
     started = time.monotonic()
     total = sum(tree.size[row] for row in rows.tolist())
+    summary.source_bytes = total
     reads = shards.reads(pool, tree, rows, options)
     with tqdm(
         total=total,
@@ -120,6 +127,8 @@ def _write_payloads(
             # Stored bytes: the payload's, or the file's own where it went straight to its place.
             placed.add(row, payload, shard, offset, len(payload.stored) if payload.stored else payload.size)
             summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+            if options.transform is not None:
+                _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
             if len(placed.rows) % PROGRESS_EVERY == 0:
                 rate = len(placed.rows) / max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{len(placed.rows):,} files, {rate:,.0f} files/s", refresh=False)
@@ -127,19 +136,50 @@ def _write_payloads(
     return placed
 
 
+def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
+    if kept is None:
+        summary.transformed_files += 1
+    else:
+        summary.kept_files[kept.value] = summary.kept_files.get(kept.value, 0) + 1
+
+
+@contextmanager
+def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Executor | None]:
+    """Worker processes for ``--transform``, one per core (at most ``--jobs``), started fresh
+    (spawn) so each can load the fastest codec before anything imports ``PIL``; None without one."""
+    if options.transform is None:
+        yield None
+        return
+    workers = max(1, min(options.jobs, os.cpu_count() or 1))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
+        summary.transform = options.transform.spec
+        try:
+            summary.codec = pool.submit(images.codec_version).result()
+        except ImportError:
+            raise PackError(
+                "--transform needs Pillow: pip install 'dlfs[images]' (make install also builds Pillow-SIMD)"
+            ) from None
+        yield pool
+
+
 def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
-    # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4).
-    in_place = store.writes_in_place and not options.compress
+    # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
+    # no transform).
+    in_place = store.writes_in_place and not options.compress and options.transform is None
     shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
-    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool:
+    with (
+        ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool,
+        _transform_pool(options, summary) as transforms,
+    ):
         try:
             tree = walk(src, options, summary, pool)
             parent = np.asarray(tree.parent, dtype=np.int64)
             rows = placement_order(
                 parent, np.asarray(tree.mode, dtype=np.uint32), options.order, options.seed
             )
-            placed = _write_payloads(pool, tree, rows, shards, options, summary)
+            placed = _write_payloads(transforms or pool, tree, rows, shards, options, summary)
             shard_list = shards.finish()
             arrays = index_arrays(tree, placed)
             meta = {
@@ -152,13 +192,18 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
                     "compress": "lz4" if options.compress else "none",
                     "order": options.order,
                     "seed": options.seed,
+                    "transform": summary.transform or "none",
                 },
                 "shards": shard_list,
             }
+            if options.transform is not None:
+                meta["transform"] = options.transform.describe(summary.codec)
             index_bytes = fmt.encode_index(arrays, meta)
             store.put_atomic(fmt.INDEX_NAME, index_bytes)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
+            if transforms is not None:
+                transforms.shutdown(wait=True, cancel_futures=True)
             shards.abort()
             raise
     kinds = arrays["mode"] & fmt.TYPE_MASK

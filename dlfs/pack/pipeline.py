@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,9 @@ import xxhash
 
 from dlfs.core import format as fmt
 from dlfs.core.store import ShardWriter
+from dlfs.pack.images import Kept
 from dlfs.pack.options import PackOptions
+from dlfs.pack.transform import Transform
 from dlfs.pack.walk import Tree
 
 STREAM_CHUNK = 8 << 20
@@ -43,6 +45,8 @@ class Payload:
     checksum: int
     #: Already written into the slot laid out for it (``stored`` is then empty).
     in_place: bool = False
+    #: Why a ``--transform`` left the file's bytes as they were (None: it changed them, or none ran).
+    kept: Kept | None = None
 
 
 #: What the pipeline hands the write loop for one row: its payload, its read error, or None for a
@@ -66,18 +70,28 @@ def _read_whole(path: bytes, size_hint: int) -> bytes:
         os.close(fd)
 
 
-def _prepare(path: bytes, size_hint: int, compress: bool) -> Payload:
+def _prepare(path: bytes, size_hint: int, compress: bool, transform: Transform | None) -> Payload:
     data = _read_whole(path, size_hint)
-    stored, flags = fmt.encode_payload(data, compress)
-    return Payload(stored, flags, len(data), fmt.checksum(data))
+    flags, kept = 0, None
+    if transform is not None:
+        out = transform.apply(data)
+        if isinstance(out, Kept):
+            kept = out
+        else:
+            data, flags = out, fmt.FLAG_TRANSFORMED
+    stored, lz4 = fmt.encode_payload(data, compress)
+    return Payload(stored, flags | lz4, len(data), fmt.checksum(data), kept=kept)
 
 
-def _prepare_batch(files: list[tuple[bytes, int]], compress: bool) -> list[Payload | OSError]:
-    """Read a run of files in one pool task: per-task overhead would dominate tiny files."""
+def _prepare_batch(
+    files: list[tuple[bytes, int]], compress: bool, transform: Transform | None
+) -> list[Payload | OSError]:
+    """Read a run of files in one pool task: per-task overhead would dominate tiny files. With a
+    transform the pool is one of processes, and this runs in one of them."""
     out: list[Payload | OSError] = []
     for path, size_hint in files:
         try:
-            out.append(_prepare(path, size_hint, compress))
+            out.append(_prepare(path, size_hint, compress, transform))
         except OSError as exc:
             out.append(exc)
     return out
@@ -152,7 +166,7 @@ def _batches(tree: Tree, rows: np.ndarray) -> Iterator[list[int]]:
 
 
 def read_ahead(
-    pool: ThreadPoolExecutor,
+    pool: Executor,
     tree: Tree,
     rows: np.ndarray,
     options: PackOptions,
@@ -185,7 +199,7 @@ def read_ahead(
             charged = sum(tree.size[row] for row in batch)
             if slots is None:
                 files = [(tree.path(row), tree.size[row]) for row in batch]
-                future = pool.submit(_prepare_batch, files, options.compress)
+                future = pool.submit(_prepare_batch, files, options.compress, options.transform)
             else:
                 placed = [(tree.path(row), tree.size[row], *slots(row)) for row in batch]
                 future = pool.submit(_copy_batch, placed, writers)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class ShardSet(ABC):
 
     @abstractmethod
     def reads(
-        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
     ) -> Iterator[tuple[int, Outcome]]:
         """The read pipeline over ``rows`` (placement order) that feeds this writer."""
 
@@ -82,7 +82,7 @@ class InOrderShards(ShardSet):
         self._pos = 0
 
     def reads(
-        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
     ) -> Iterator[tuple[int, Outcome]]:
         return read_ahead(pool, tree, rows, options)
 
@@ -136,7 +136,7 @@ class InPlaceShards(ShardSet):
         self._offset_at = np.zeros(0, dtype=np.int64)
 
     def reads(
-        self, pool: ThreadPoolExecutor, tree: Tree, rows: np.ndarray, options: PackOptions
+        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
     ) -> Iterator[tuple[int, Outcome]]:
         """Lays out every slot and creates every shard first: the readers write straight into them."""
         self._shard_at = np.zeros(len(tree.parent), dtype=np.int64)
