@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlfs import __version__
+from dlfs import __version__, logs
 from dlfs.core.errors import DlfsError
 from dlfs.core.store.interface import StoreOptions
 from dlfs.fuse.mount import READY_TIMEOUT, MountOptions
@@ -71,7 +71,6 @@ def _human(n: float) -> str:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from dlfs.pack import DEFAULT_JOBS, PackOptions, pack
-    from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
         shard_size=args.shard_size,
@@ -84,7 +83,6 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         progress=not args.quiet and not args.json,
         sync=args.sync,
         store=_store_options(args),
-        transform=parse_transform(args.transform) if args.transform else None,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -99,13 +97,6 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     )
     if summary.compressed_files:
         print(f"lz4 kept for {summary.compressed_files} files")
-    if summary.transform:
-        kept = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in summary.kept_files.items())
-        print(
-            f"transform {summary.transform} ({summary.codec}): {summary.transformed_files} files changed, "
-            f"{_human(summary.source_bytes)} of source files stored in {_human(summary.bytes)}"
-            + (f", stored unchanged: {kept}" if kept else "")
-        )
     if summary.skipped_special or summary.skipped_errors:
         print(
             f"skipped {summary.skipped_special} special files and {summary.skipped_errors} unreadable entries"
@@ -196,8 +187,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"BAD {bad['path']}: {bad['problem']}")
         verdict = "OK" if report.ok else f"{len(report.bad)} BAD"
         print(f"{verdict}: checked {report.files} files ({_human(report.bytes)}) in {report.seconds:.2f} s")
-        if report.transform:
-            print(f"transform: {report.transform}; checked as stored")
     return 0 if report.ok else 1
 
 
@@ -231,8 +220,6 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     row = index.resolve(os.fsencode(args.path))
     if row is None:
         raise DlfsError(f"{args.path}: no such file or directory in {args.dataset}")
-    if args.long and index.transform:
-        print(f"transform: {index.transform}; sizes are of the stored bytes")
     if not index.is_dir(row):
         print(_ls_line(index, row, index.path(row), args.long))
         return 0
@@ -281,7 +268,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "compressed_files": int(((index.flags & fmt.FLAG_LZ4) != 0).sum()),
         "dlfs_version": index.meta.get("dlfs_version"),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(index.meta.get("created_ns", 0) / 1e9)),
-        "transform": index.transform or "none",
         "build": index.meta.get("build", {}),
     }
     if args.json:
@@ -428,6 +414,21 @@ def build_parser() -> argparse.ArgumentParser:
         target.add_argument(
             "-q", "--quiet", action="store_true", default=default, help="no progress bars, warnings only"
         )
+        unset = default if default is argparse.SUPPRESS else None
+        target.add_argument(
+            "--log-level",
+            type=str.lower,
+            choices=logs.LEVELS,
+            default=unset,
+            help="log messages of this level and above (default info; -v: debug, -q: warning)",
+        )
+        target.add_argument(
+            "--log-file",
+            metavar="PATH",
+            default=unset,
+            help="append log messages to PATH instead of stderr; a background mount's daemon logs "
+            "there too (default for it: ~/.cache/dlfs/mount-MNT.log)",
+        )
         return target
 
     common = global_flags(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
@@ -445,14 +446,6 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("none", "lz4"),
         default="none",
         help="lz4 per file, kept only where it saves space (default none)",
-    )
-    p.add_argument(
-        "--transform",
-        metavar="SPEC",
-        help="store every file through a transform, in worker processes; it changes the data, so it "
-        "is off by default. resize:SHORT[,quality=Q]: JPEGs whose short side exceeds SHORT px scaled "
-        "down to it (aspect kept) and re-encoded at quality Q (default 90); other files stored as "
-        "they are",
     )
     p.add_argument(
         "--order",
@@ -505,7 +498,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(shuffle=True) is not bound by the disk's IOPS; 0 turns it off (default auto: 4M when the "
         "shards fit in half the machine's memory, else 0)",
     )
-    p.add_argument("--log-file", help="daemon log of a background mount (default ~/.cache/dlfs/mount-*.log)")
     p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
     p.add_argument(
@@ -668,12 +660,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv
     # File names are bytes; print the ones that are not valid UTF-8 back as the same bytes.
     sys.stdout.reconfigure(errors="surrogateescape")  # type: ignore[union-attr]
-    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s", stream=sys.stderr
-    )
+    if args.log_level:
+        level = logging.getLevelNamesMapping()[args.log_level.upper()]
+    else:
+        level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     logging.getLogger("botocore").setLevel(logging.WARNING)  # where it found credentials, each start
     try:
+        logs.configure(level, args.log_file)
         return int(args.func(args))
     except DlfsError as exc:
         print(f"dlfs: error: {exc}", file=sys.stderr)
