@@ -71,6 +71,7 @@ def _human(n: float) -> str:
 
 def _cmd_pack(args: argparse.Namespace) -> int:
     from dlfs.pack import DEFAULT_JOBS, PackOptions, pack
+    from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
         shard_size=args.shard_size,
@@ -83,6 +84,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         progress=not args.quiet and not args.json,
         sync=args.sync,
         store=_store_options(args),
+        transform=parse_transform(args.transform) if args.transform else None,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -97,6 +99,13 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     )
     if summary.compressed_files:
         print(f"lz4 kept for {summary.compressed_files} files")
+    if summary.transform:
+        kept = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in summary.kept_files.items())
+        print(
+            f"transform {summary.transform} ({summary.codec}): {summary.transformed_files} files changed, "
+            f"{_human(summary.source_bytes)} of source files stored in {_human(summary.bytes)}"
+            + (f", stored unchanged: {kept}" if kept else "")
+        )
     if summary.skipped_special or summary.skipped_errors:
         print(
             f"skipped {summary.skipped_special} special files and {summary.skipped_errors} unreadable entries"
@@ -187,6 +196,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             print(f"BAD {bad['path']}: {bad['problem']}")
         verdict = "OK" if report.ok else f"{len(report.bad)} BAD"
         print(f"{verdict}: checked {report.files} files ({_human(report.bytes)}) in {report.seconds:.2f} s")
+        if report.transform:
+            print(f"transform: {report.transform}; checked as stored")
     return 0 if report.ok else 1
 
 
@@ -220,6 +231,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     row = index.resolve(os.fsencode(args.path))
     if row is None:
         raise DlfsError(f"{args.path}: no such file or directory in {args.dataset}")
+    if args.long and index.transform:
+        print(f"transform: {index.transform}; sizes are of the stored bytes")
     if not index.is_dir(row):
         print(_ls_line(index, row, index.path(row), args.long))
         return 0
@@ -268,6 +281,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "compressed_files": int(((index.flags & fmt.FLAG_LZ4) != 0).sum()),
         "dlfs_version": index.meta.get("dlfs_version"),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(index.meta.get("created_ns", 0) / 1e9)),
+        "transform": index.transform or "none",
         "build": index.meta.get("build", {}),
     }
     if args.json:
@@ -446,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("none", "lz4"),
         default="none",
         help="lz4 per file, kept only where it saves space (default none)",
+    )
+    p.add_argument(
+        "--transform",
+        metavar="SPEC",
+        help="store every file through a transform, in worker processes; it changes the data, so it "
+        "is off by default. resize:SHORT[,quality=Q]: JPEGs whose short side exceeds SHORT px scaled "
+        "down to it (aspect kept) and re-encoded at quality Q (default 90); other files stored as "
+        "they are",
     )
     p.add_argument(
         "--order",
