@@ -12,6 +12,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 [ -e /usr/include/xxhash.h ] || missing+=(libxxhash-dev)  # for the C loops' checksums
 [ -e /usr/include/lz4.h ] || missing+=(liblz4-dev)  # for dlfs/fuse/_server.c's lz4 files
+# Pillow-SIMD (pack --transform's codec) is built from source against these.
+[ -e /usr/include/jpeglib.h ] || missing+=(libjpeg-dev)
+[ -e /usr/include/zlib.h ] || missing+=(zlib1g-dev)
 python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
     2>/dev/null || missing+=(python3-dev)
 # The peers dlfs bench --peers measures against (ratarmount comes from PyPI with the bench extra).
