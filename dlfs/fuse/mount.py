@@ -34,6 +34,8 @@ READY_TIMEOUT = 300.0
 BUSY_RETRY_SECONDS = 3.0
 FSTYPE = "fuse.dlfs"
 STALE = "Transport endpoint is not connected"
+#: fusermount3's configuration: a user other than root may pass allow_other only when it says so.
+FUSE_CONF = Path("/etc/fuse.conf")
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,22 @@ def check_mountpoint(mnt: Path) -> None:
                 raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
     except OSError as exc:
         raise MountError(f"cannot use mountpoint {mnt}: {exc.strerror}") from exc
+
+
+def check_allow_other(allow_other: bool, conf: Path = FUSE_CONF) -> None:
+    """Say what ``--allow-other`` needs when a user other than root mounts: fusermount3 refuses it
+    unless ``conf`` has a ``user_allow_other`` line, and pyfuse3 then reports only a failed mount."""
+    if not allow_other or os.geteuid() == 0:
+        return
+    try:
+        lines = conf.read_text().splitlines()
+    except OSError:
+        lines = []
+    if "user_allow_other" not in (line.strip() for line in lines):
+        raise MountError(
+            f"--allow-other needs a line 'user_allow_other' in {conf} when a user other than root "
+            "mounts; add it (as root) or mount without --allow-other"
+        )
 
 
 def default_log_file(mnt: str) -> Path:
