@@ -54,11 +54,13 @@ def latency_buckets(counts: list[int]) -> list[tuple[str, float]]:
 class StatsCollector(Collector):
     """The mount's counters, translated from one stats snapshot per scrape."""
 
-    def __init__(self, snapshot: Callable[[], Json]) -> None:
+    def __init__(self, snapshot: Callable[[], Json | None]) -> None:
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         stats = self._snapshot()
+        if stats is None:  # the daemon is stopping: its series go stale, as when it is gone
+            return
         native = stats.get("native") or {}
         requests = stats.get("requests") or {}
         yield from self._requests(requests, native)
@@ -247,7 +249,7 @@ class MetricsEndpoint:
     def port(self) -> int:
         return int(self._server.server_address[1])
 
-    def start(self, snapshot: Callable[[], Json]) -> None:
+    def start(self, snapshot: Callable[[], Json | None]) -> None:
         self._registry.register(StatsCollector(snapshot))
         self._thread = threading.Thread(target=self._server.serve_forever, name="dlfs-metrics", daemon=True)
         self._thread.start()

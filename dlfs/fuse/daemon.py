@@ -64,10 +64,7 @@ async def _serve(
     stats: Callable[[], dict[str, object]],
 ) -> None:
     if metrics is not None:
-        # A scrape comes on the endpoint's thread; the counters belong to this loop, which builds
-        # the snapshot between two requests, as for a read of .dlfs/stats.
-        token = trio.lowlevel.current_trio_token()
-        metrics.start(lambda: trio.from_thread.run_sync(stats, trio_token=token))
+        metrics.start(_from_loop(stats, trio.lowlevel.current_trio_token()))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
         if mount is not None:
@@ -78,6 +75,22 @@ async def _serve(
             nursery.start_soon(_relay_scans, native, lister)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+def _from_loop(
+    stats: Callable[[], dict[str, object]], token: trio.lowlevel.TrioToken
+) -> Callable[[], dict[str, object] | None]:
+    """``stats`` for a scrape, which comes on the endpoint's thread: the counters belong to the
+    event loop, which builds the snapshot between two requests, as for a read of .dlfs/stats.
+    None once the loop has ended (unmounting): no figures rather than zeros that read as a reset."""
+
+    def snapshot() -> dict[str, object] | None:
+        try:
+            return trio.from_thread.run_sync(stats, trio_token=token)
+        except trio.RunFinishedError:
+            return None
+
+    return snapshot
 
 
 async def _let_go_when_unmounted(pages: MountPageCache, mount: int) -> None:

@@ -130,3 +130,8 @@ def test_a_taken_metrics_port_fails_the_mount_and_leaves_nothing_mounted(
         result = dlfs("mount", packed, mnt, "--metrics-port", str(port), check=False, timeout=60)
     assert_one_line_error(result, f"127.0.0.1:{port}", "--metrics-port")
     assert not is_mounted(mnt)
+
+
+def test_a_stopping_daemon_gives_no_figures_rather_than_zeros() -> None:
+    """Zeros would read as a counter reset; no series at all go stale, as for a daemon gone."""
+    assert list(StatsCollector(lambda: None).collect()) == []
