@@ -408,6 +408,7 @@ class _Version(argparse.Action):
             lines += [f"  {line}" for line in features[1:]]
         except ImportError as exc:
             lines.append(f"pyfuse3: not importable ({exc}); run make install")
+        lines.append(_native_loops())
         try:
             lines.append(
                 f"obstore {metadata.version('obstore')}, boto3 {metadata.version('boto3')}: s3:// datasets"
@@ -416,6 +417,18 @@ class _Version(argparse.Action):
             lines.append("no s3 extra: s3:// datasets need pip install 'dlfs[s3]'")
         print("\n".join(lines))
         parser.exit()
+
+
+def _native_loops() -> str:
+    """``--version``'s line on the C loops, which pip or make builds beside the Python modules."""
+    from dlfs.fuse import dirents, server
+    from dlfs.readahead import native
+
+    loops = {"read-ahead": native.LIBRARY, "listings": dirents.LIBRARY, "request server": server.LIBRARY}
+    missing = [f"{name} ({path.name})" for name, path in loops.items() if not path.exists()]
+    if missing:
+        return f"C loops not built: {', '.join(missing)}; Python does their work, slower (pip builds them)"
+    return f"C loops built: {', '.join(loops)}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,19 +40,30 @@ pyproject.toml, whose local tag (``+dlfs.N``) no index carries: a plain ``pip in
 instead of running on stock pyfuse3, while ``make install`` runs this script first and then finds
 the pin satisfied. Change a patch: bump the tag in the pin. Each edit asserts its anchor, so a
 changed upstream source fails loudly here instead of building something else.
+
+Run by the Python it installs into (``VENV/bin/python tools/build_pyfuse3.py``): it builds a wheel
+once into ``build/pyfuse3/dist`` and installs that, so a second venv on the machine reuses it.
+``--wheel-dir DIR`` only puts the wheel in ``DIR``, beside dlfs's own for nodes that install both
+with ``pip install --find-links DIR`` and have no compiler (README, *Operations*). What the build
+needs and the machine lacks is said in one line naming the Debian packages, before pip starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tomllib
 from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+#: Where the sdist is patched and the wheel built, beside the project (not the current directory).
+WORK = PYPROJECT.parent / "build" / "pyfuse3"
 
 
 def pinned_version() -> tuple[str, str]:
@@ -182,27 +193,79 @@ def installed_version() -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def main() -> None:
-    if installed_version() == f"{VERSION}+{LOCAL}":
-        return
-    work = Path("build/pyfuse3")
-    work.mkdir(parents=True, exist_ok=True)
+def missing_packages() -> list[str]:
+    """Debian packages that building pyfuse3 needs and this machine lacks: a compiler, libfuse3's
+    headers (found through pkg-config) and the headers of the Python that runs this script."""
+    missing = [] if shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") else ["gcc"]
+    if shutil.which("pkg-config") is None:
+        missing += ["pkg-config", "libfuse3-dev"]
+    elif subprocess.run(["pkg-config", "--exists", "fuse3"], check=False).returncode != 0:
+        missing.append("libfuse3-dev")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        missing.append("python3-dev")
+    return missing
+
+
+def build_wheel(dist: Path) -> None:
+    """Download pyfuse3's source, patch it and build its wheel into ``dist``."""
+    missing = missing_packages()
+    if missing:
+        raise SystemExit(
+            f"cannot build pyfuse3 {VERSION}+{LOCAL}: missing Debian package(s) {' '.join(missing)} "
+            f"(apt-get install {' '.join(missing)})"
+        )
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    sdist = work / f"pyfuse3-{VERSION}.tar.gz"
+    sdist = WORK / f"pyfuse3-{VERSION}.tar.gz"
     if not sdist.exists():
         subprocess.run(
-            [*pip, "download", f"pyfuse3=={VERSION}", "--no-binary", ":all:", "--no-deps", "-d", str(work)],
+            [*pip, "download", f"pyfuse3=={VERSION}", "--no-binary", ":all:", "--no-deps", "-d", str(WORK)],
             check=True,
         )
-    source = work / f"pyfuse3-{VERSION}"
+    source = WORK / f"pyfuse3-{VERSION}"
     if source.exists():
-        subprocess.run(["rm", "-rf", str(source)], check=True)
+        shutil.rmtree(source)
     with tarfile.open(sdist) as archive:
-        archive.extractall(work, filter="data")
+        archive.extractall(WORK, filter="data")
     _patch(source)
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": f"{VERSION}+{LOCAL}"}
     print(f"building pyfuse3 {VERSION}+{LOCAL} ({', '.join(FEATURES)})", flush=True)
-    subprocess.run([*pip, "install", "--force-reinstall", str(source)], check=True, env=env)
+    subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(dist), str(source)], check=True, env=env)
+
+
+def install_from(dist: Path, quiet: bool = True) -> bool:
+    """Install the pinned build from the wheels in ``dist`` (its dependencies from the index as
+    usual); False when none there fits this Python (pip's own words on stderr unless ``quiet``)."""
+    command = [
+        sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "install",
+        "--find-links", str(dist), f"pyfuse3=={VERSION}+{LOCAL}",
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=quiet, check=False).returncode == 0
+
+
+def wheel_in(dist: Path) -> Path | None:
+    """The pinned build's wheel for this Python in ``dist``, if one is there."""
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    found = sorted(dist.glob(f"pyfuse3-{VERSION}+{LOCAL}-{tag}-*.whl"))
+    return found[-1] if found else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build and install dlfs's pyfuse3 build.")
+    parser.add_argument("--wheel-dir", type=Path, help="only build the wheel, into this directory")
+    args = parser.parse_args(argv)
+    dist = WORK / "dist"
+    if args.wheel_dir is not None:
+        if wheel_in(dist) is None:
+            build_wheel(dist)
+        args.wheel_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheel_in(dist), args.wheel_dir)  # type: ignore[arg-type]
+        return
+    if installed_version() == f"{VERSION}+{LOCAL}":
+        return
+    if not install_from(dist):
+        build_wheel(dist)
+        if not install_from(dist, quiet=False):
+            raise SystemExit("the patched pyfuse3 built but does not install; see the pip output above")
     if installed_version() != f"{VERSION}+{LOCAL}":
         raise SystemExit("the patched pyfuse3 did not install; see the pip output above")
 
