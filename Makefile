@@ -4,15 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-report clean
+.PHONY: install wheels test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
-# does the same work in Python and numpy, slower.
+# does the same work in Python and numpy, slower. setup.py says how each is built: pip builds them
+# (in place for `pip install -e`, into the wheel otherwise), and the rule below again after an edit.
 NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
-SHARED := cc -O2 -Wall -Wextra -Werror -fPIC -shared
+NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
+	dlfs/fuse/_server.c dlfs/core/_pagecache.h
 
+# As root, also the system's places for dlfs (README, Operations): /usr/local/bin/dlfs, the mount
+# helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this checkout's venv.
 install: $(STAMP) $(NATIVE)
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/dlfs -q install-system; \
+	else echo "not root: skipped dlfs install-system (mount helper, systemd unit, /usr/local/bin/dlfs)"; fi
 
 $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
@@ -21,16 +27,14 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench,s3]'
 	touch $@
 
-dlfs/readahead/_push.so: dlfs/readahead/_push.c dlfs/core/_pagecache.h $(STAMP)
-	$(SHARED) -o $@ $< -lxxhash -lpthread
+$(NATIVE) &: setup.py $(NATIVE_SOURCES) | $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace --force
 
-dlfs/fuse/_dirents.so: dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h $(STAMP)
-	$(SHARED) -o $@ $<
-
-# The server encodes listings with the same loop, linked in.
-dlfs/fuse/_server.so: dlfs/fuse/_server.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
-		dlfs/core/_pagecache.h $(STAMP)
-	$(SHARED) $$(pkg-config --cflags fuse3) -o $@ dlfs/fuse/_server.c dlfs/fuse/_dirents.c -lxxhash -llz4 -lpthread
+# Wheels for nodes that are not a checkout (README, Operations): dlfs's, with its C loops, and the
+# pyfuse3 build it pins; a node installs them with pip install --find-links dist, no compiler needed.
+wheels: $(STAMP)
+	$(BIN)/python tools/build_pyfuse3.py --wheel-dir dist
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir dist .
 
 # Pillow-SIMD, the codec of dlfs pack --transform (dlfs/pack/images.py): twice Pillow's speed on
 # the resize, in a folder of its own because torchvision needs Pillow itself; AVX2 where the CPU
@@ -110,4 +114,4 @@ bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader ben
 	$(MAKE) bench-report
 
 clean:
-	rm -rf $(VENV) $(NATIVE) demo-data bench-data .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(NATIVE) dist demo-data bench-data .pytest_cache .ruff_cache .hypothesis

@@ -183,6 +183,15 @@ def _cmd_umount(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_install_system(args: argparse.Namespace) -> int:
+    from dlfs.system_install import install
+
+    changes = install(Path(args.root))
+    if changes or not args.quiet:
+        print("\n".join(changes) or f"dlfs is installed under {args.root} already")
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from dlfs.core.verify import verify
 
@@ -594,6 +603,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("mountpoint")
     p.add_argument("--lazy", "-z", action="store_true", help="detach now even if busy")
     p.set_defaults(func=_cmd_umount)
+
+    p = sub.add_parser(
+        "install-system",
+        parents=[common],
+        help="link dlfs and its mount helper (mount -t fuse.dlfs, fstab) into /usr/local/bin and /sbin "
+        "and write its systemd unit dlfs@.service (root)",
+    )
+    p.add_argument("--root", default="/", help="install under this directory instead of / (packaging)")
+    p.set_defaults(func=_cmd_install_system)
 
     p = sub.add_parser("verify", parents=[common], help="check every file of a dataset against its checksum")
     p.add_argument("dataset")

@@ -1,0 +1,153 @@
+"""``mount -t fuse.dlfs`` and /etc/fstab lines, through the real mount(8), and the system install
+that puts the helper where mount(8) looks for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import DLFS, assert_one_line_error, force_unmount, is_mounted, pid_alive, wait_until
+
+from dlfs import system_install
+from dlfs.fuse.mount import mounted_fstype
+from dlfs.mount_helper import OptionError, to_flags
+
+
+@pytest.fixture(scope="module")
+def installed() -> Path:
+    """``dlfs install-system`` for real, as ``make install`` runs it as root: mount(8) looks for the
+    helper in /sbin only. Links to this interpreter's venv; changes nothing when they are there."""
+    subprocess.run([*DLFS, "-q", "install-system"], check=True, timeout=60)
+    helper = Path("/") / system_install.HELPER
+    assert helper.resolve() == (Path(sys.executable).parent / "mount.fuse.dlfs").resolve()
+    return helper
+
+
+@contextmanager
+def mounted_by_mount8(mnt: Path, *mount_args: str) -> Iterator[int]:
+    """Run mount(8) as given; yield the daemon's pid; always unmount and reap the daemon."""
+    mnt.mkdir(exist_ok=True)
+    result = subprocess.run(["mount", *mount_args], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    try:
+        yield pid
+    finally:
+        force_unmount(mnt)
+        if not wait_until(lambda: not pid_alive(pid), 15):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_options_map_onto_dlfs_mount_flags() -> None:
+    flags = to_flags("rw,allow_other,seed=1,order=block,prefetch_budget=1G,nofail,_netdev,x-systemd.after=a")
+    assert flags == ["--allow-other", "--seed", "1", "--order", "block", "--prefetch-budget", "1G"]
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ("colour=blue", ["unknown option 'colour'", "seed="]),
+        ("seed", ["'seed' needs a value"]),
+        ("allow_other=1", ["'allow_other' takes no value"]),
+        ("foreground", ["unknown option 'foreground'"]),
+    ],
+)
+def test_an_option_dlfs_does_not_take_is_refused_by_name(options: str, words: list[str]) -> None:
+    with pytest.raises(OptionError) as info:
+        to_flags(options)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_sloppy_mount_skips_unknown_options() -> None:
+    assert to_flags("colour=blue,seed=2", sloppy=True) == ["--seed", "2"]
+
+
+def test_mount_t_fuse_dlfs_mounts_with_options_and_umount_ends_it(
+    installed: Path, packed: Path, odd_tree: Path, tmp_path: Path
+) -> None:
+    mnt = tmp_path / "mnt"
+    log = tmp_path / "daemon.log"
+    options = f"allow_other,seed=7,order=block,block=16,prefetch_budget=64M,log_file={log}"
+    with mounted_by_mount8(mnt, "-t", "fuse.dlfs", str(packed), str(mnt), "-o", options) as pid:
+        assert mounted_fstype(mnt) == "fuse.dlfs"
+        config = json.loads((mnt / ".dlfs" / "config").read_bytes())
+        assert (config["seed"], config["mode"], config["block"]) == (7, "block", 16)
+        assert (mnt / "plain.txt").read_bytes() == (odd_tree / "plain.txt").read_bytes()
+        with open("/proc/self/mountinfo") as table:
+            assert any(f" {mnt} " in line and "allow_other" in line for line in table)
+        subprocess.run(["umount", str(mnt)], check=True, timeout=30)
+        assert wait_until(lambda: not pid_alive(pid), 15)
+        assert not is_mounted(mnt)
+    assert "Traceback" not in log.read_text()
+
+
+def test_an_fstab_line_mounts(installed: Path, packed: Path, tmp_path: Path) -> None:
+    """mount(8) reads the line as from /etc/fstab (``-T`` names the table), options and all."""
+    mnt = tmp_path / "mnt"
+    fstab = tmp_path / "fstab"
+    options = f"defaults,nofail,_netdev,seed=3,readdirplus=always,log_file={tmp_path / 'daemon.log'}"
+    fstab.write_text(f"# a dataset\n{packed} {mnt} fuse.dlfs {options} 0 0\n")
+    with mounted_by_mount8(mnt, "-T", str(fstab), str(mnt)):
+        assert json.loads((mnt / ".dlfs" / "config").read_bytes())["seed"] == 3
+        assert (mnt / "plain.txt").read_bytes() == b"hello dlfs\n"
+
+
+def test_mount_with_an_unknown_option_says_which_in_one_line(
+    installed: Path, packed: Path, tmp_path: Path
+) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "fuse.dlfs", str(packed), str(mnt), "-o", "seed=1,colour=blue"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert_one_line_error(result, "colour", "fuse.dlfs")
+    assert not is_mounted(mnt)
+
+
+def test_a_failed_mount_is_one_line_and_mount8s_failure_status(installed: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "fuse.dlfs", str(tmp_path), str(mnt)], capture_output=True, text=True, timeout=60
+    )
+    assert_one_line_error(result, "not a dlfs dataset")
+    assert result.returncode == 32
+
+
+def test_install_system_links_the_venv_and_changes_nothing_the_second_time(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    command = [*DLFS, "install-system", "--root", str(root)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    bin_dir = Path(sys.executable).parent
+    assert os.readlink(root / system_install.COMMAND) == str(bin_dir.absolute() / "dlfs")
+    assert os.readlink(root / system_install.HELPER) == str(bin_dir.absolute() / "mount.fuse.dlfs")
+    assert (root / system_install.UNIT).read_text() == system_install.unit_text()
+    assert (root / system_install.CONFIG_DIR).is_dir()
+    assert len(first.stdout.splitlines()) == 4
+    again = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    assert "already" in again.stdout
+
+
+def test_install_system_leaves_a_file_that_is_not_its_link_alone(tmp_path: Path) -> None:
+    command = tmp_path / system_install.COMMAND
+    command.parent.mkdir(parents=True)
+    command.write_text("#!/bin/sh\n")
+    result = subprocess.run(
+        [*DLFS, "install-system", "--root", tmp_path], capture_output=True, text=True, timeout=60
+    )
+    assert_one_line_error(result, str(command), "not a link")
+    assert command.read_text() == "#!/bin/sh\n"
