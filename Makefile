@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install wheels test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-report clean
+.PHONY: install wheels test demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -106,11 +106,15 @@ bench-s3: install
 	$(BIN)/python tools/bench_s3.py --json > docs/bench-s3.json
 	$(BIN)/python tools/bench_s3.py --rate-mbit 5000 --rtt-ms 30 --json > docs/bench-s3-fast.json
 
+# Pack-time resize (issue 23): bytes and pack time, then ImageFolder epochs over native, plain and resized.
+bench-transform: install
+	$(BIN)/python tools/bench_transform.py --json > docs/bench-transform.json
+
 # docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
 bench-report: install
 	$(BIN)/python tools/bench_report.py
 
-bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3
+bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform
 	$(MAKE) bench-report
 
 clean:

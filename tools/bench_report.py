@@ -440,6 +440,42 @@ def train(data: Json | None) -> list[str]:
     return [*out, ""]
 
 
+def transform(data: Json | None) -> list[str]:
+    out = ["## Preprocessing at pack time (`make bench-transform`)", ""]
+    if not data:
+        return out + _missing("bench-transform", "bench-transform.json")
+    packs = data["packs"]
+    out += [
+        f"{data['files']:,} photo-like JPEGs of ImageNet's dimensions (`make_imagenet_like.py --payload "
+        "photo`), packed plain and through each transform; then an unmodified ImageFolder + DataLoader "
+        f"epoch ({data['workers']} workers, `shuffle=True`, RandomResizedCrop(224), flip, ToTensor, "
+        "Normalize) over the native tree and each mount, everything in the page cache (the figures are of "
+        "decoding, not of the disk). Images/s: median of the runs shown.",
+        "",
+    ]
+    rows = []
+    for name, p in packs.items():
+        rows.append(
+            [
+                name,
+                f"{p['source_bytes'] / 1e6:,.0f}",
+                f"{p['bytes'] / 1e6:,.0f}",
+                f"{1 - p['bytes'] / p['source_bytes']:.0%}",
+                f"{p['seconds']:.1f}",
+                p["codec"] or DASH,
+            ]
+        )
+    out += _table(["pack", "source MB", "stored MB", "saved", "pack s", "codec"], rows)
+    out.append("")
+    rows = []
+    for name, loader in data["loaders"].items():
+        rate = loader["images_per_s"]
+        runs = ", ".join(f"{r:.0f}" for r in loader["runs"])
+        rows.append([name, f"{rate['median']:.0f}", runs, f"**{data['vs_native'][name]:.2f}{TIMES}**"])
+    out += _table(["loader over", "images/s", "runs", "vs native"], rows)
+    return [*out, ""]
+
+
 def s3(data: Json | None, name: str) -> list[str]:
     if not data:
         return ["## A dataset in S3 (`make bench-s3`)", "", *_missing("bench-s3", name)]
@@ -553,6 +589,7 @@ TARGETS: list[tuple[str, str, str]] = [
         "`tools/bench_s3.py` (1 Gbit/s, 10 ms), then `--rate-mbit 5000 --rtt-ms 30`",
         "`bench-s3.json`, `bench-s3-fast.json`",
     ),
+    ("bench-transform", "`tools/bench_transform.py`", "`bench-transform.json`"),
     ("bench-report", "`tools/bench_report.py`", "`benchmarks.md` (this page)"),
 ]
 
@@ -577,6 +614,7 @@ def render() -> str:
         lambda: loader(_load("bench-loader.json"), _load("bench-loader-scaling.json")),
         lambda: s3(_load("bench-s3.json"), "bench-s3.json"),
         lambda: s3(_load("bench-s3-fast.json"), "bench-s3-fast.json"),
+        lambda: transform(_load("bench-transform.json")),
     ]
     lines = [
         "# Benchmarks",
