@@ -78,3 +78,28 @@ def test_taking_one_slow_disk_down_leaves_another_throttled(tmp_path: Path) -> N
         tool(slowdisk, "down", second)
         tool(slowdisk, "down", first)
     assert not rules.parent.exists()
+
+
+def test_transform_benchmark_packs_reads_and_compares(tmp_path: Path) -> None:
+    """``make bench-transform`` on a tiny photo tree: both packs, three loaders, ratios that add up."""
+    out = tool(
+        TOOLS / "bench_transform.py",
+        "--files",
+        "24",
+        "--classes",
+        "2",
+        "--work",
+        tmp_path,
+        "--repeat",
+        "1",
+        "--json",
+    )
+    result = json.loads(out.stdout)
+    plain, resized = result["packs"]["plain"], result["packs"]["resize:256"]
+    assert plain["bytes"] == plain["source_bytes"] == resized["source_bytes"]
+    assert resized["bytes"] < plain["bytes"] and resized["transformed_files"] == 24
+    assert set(result["loaders"]) == {"native", "dlfs plain", "dlfs resize:256"}
+    native = result["loaders"]["native"]["images_per_s"]["median"]
+    for name, loader in result["loaders"].items():
+        assert result["vs_native"][name] == pytest.approx(loader["images_per_s"]["median"] / native)
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text(), "every mount is gone"
