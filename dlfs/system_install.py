@@ -52,12 +52,17 @@ def install(root: Path = Path("/"), bin_dir: Path | None = None) -> list[str]:
     for program in ("dlfs", "mount.fuse.dlfs"):
         if not (bin_dir / program).exists():
             raise DlfsError(f"{bin_dir / program} is missing; run this from an installed dlfs (pip install)")
-    if not os.access(root, os.W_OK):
-        raise DlfsError(f"cannot write under {root}: dlfs install-system needs root")
-    changes = [
-        _link(root / COMMAND, bin_dir.absolute() / "dlfs"),
-        _link(root / HELPER, bin_dir.absolute() / "mount.fuse.dlfs"),
-    ]
+    existing = next(path for path in (root, *root.parents) if path.exists())
+    if not os.access(existing, os.W_OK):
+        raise DlfsError(f"cannot write under {existing}: dlfs install-system needs root")
+    try:
+        return _install(root, bin_dir.absolute())
+    except PermissionError as exc:
+        raise DlfsError(f"cannot write {exc.filename}: dlfs install-system needs root") from exc
+
+
+def _install(root: Path, bin_dir: Path) -> list[str]:
+    changes = [_link(root / COMMAND, bin_dir / "dlfs"), _link(root / HELPER, bin_dir / "mount.fuse.dlfs")]
     unit = root / UNIT
     if not unit.exists() or unit.read_text() != unit_text():
         unit.parent.mkdir(parents=True, exist_ok=True)

@@ -199,3 +199,7 @@ def test_a_cold_benchmark_as_an_ordinary_user_says_it_needs_root(node: Path, use
         check=False,
     )
     assert_one_line_error(result, "drop_caches", "root")
+
+
+def test_install_system_as_an_ordinary_user_says_it_needs_root(node: Path, user: str) -> None:
+    assert_one_line_error(_as_user(node / "bin" / "dlfs", "install-system", check=False), "needs root")
