@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import TOOLS, assert_one_line_error, force_unmount, is_mounted, pid_alive, wait_until
 
+from dlfs import system_install
 from dlfs.fuse.mount import FUSE_CONF
 
 ROOT = TOOLS.parent
@@ -77,12 +78,14 @@ def node(shared: Path, wheels: Path) -> Path:
     return venv
 
 
-def test_a_node_runs_dlfs_from_the_two_wheels_with_every_addition(node: Path) -> None:
+def test_a_node_runs_dlfs_from_the_two_wheels_with_every_addition(node: Path, tmp_path: Path) -> None:
     version = _run(node / "bin" / "dlfs", "--version").stdout
     assert PYFUSE3_LINE in version and "C loops built" in version, version
     where = _run(node / "bin" / "python", "-c", "import dlfs; print(dlfs.__file__)").stdout
     assert where.startswith(str(node)), where
-    assert (node / "bin" / "mount.fuse.dlfs").exists()
+    _run(node / "bin" / "dlfs", "install-system", "--root", tmp_path)  # the unit comes in the wheel
+    assert (tmp_path / system_install.UNIT).read_text() == system_install.unit_text()
+    assert (tmp_path / system_install.HELPER).resolve() == (node / "bin" / "mount.fuse.dlfs").resolve()
 
 
 def test_a_project_directory_installs_with_the_pyfuse3_script_then_pip(shared: Path, wheels: Path) -> None:
