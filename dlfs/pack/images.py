@@ -1,13 +1,13 @@
 """Image transforms for ``dlfs pack --transform``, and the JPEG codec they run on.
 
 The codec is Pillow-SIMD where ``make install`` built it into ``CODEC_DIR``, else Pillow. Resizing
-ImageNet-shaped JPEGs to a short side of 256 on one core (``tools/bench_codecs.py``, 300 photos):
-Pillow-SIMD 509-521 images/s, simplejpeg (decode and encode; Pillow's resize) 478-509 with
-Pillow-SIMD's resize and 252-253 with Pillow's, Pillow 227-258, PyTurboJPEG 169-180. The resize
-is most of the difference: 2.2 ms per photo in Pillow, 0.5-0.6 ms in Pillow-SIMD, whose AVX2
-convolutions Pillow does not have. Pillow-SIMD installs as ``PIL`` and torchvision needs Pillow
-itself, so it lives in a folder of its own that only the pack's worker processes put first on
-their path (``use_fastest_codec``), before anything imports ``PIL``.
+photo-like JPEGs of ImageNet's dimensions to a short side of 256 on one core
+(``tools/bench_codecs.py``, 300 photos, two runs): Pillow-SIMD 515-528 images/s, Pillow 262-268,
+simplejpeg (decode and encode) around Pillow-SIMD's resize 446-518, PyTurboJPEG the same way
+265-302. The resize is the difference: 2.2 ms per photo in Pillow, 0.5-0.6 ms in Pillow-SIMD, whose
+AVX2 convolutions Pillow does not have. Pillow-SIMD installs as ``PIL`` and torchvision needs
+Pillow itself, so it lives in a folder of its own that only the pack's worker processes put first
+on their path (``use_fastest_codec``), before anything imports ``PIL``.
 """
 
 from __future__ import annotations
