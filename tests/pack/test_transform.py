@@ -181,7 +181,9 @@ def test_plain_pack_records_no_transform(tmp_path: Path, photo_tree: dict[str, b
     assert not dlfs("ls", "-l", tmp_path / "dst").stdout.startswith("transform")
 
 
-def test_bad_transform_is_one_line_before_anything_is_written(tmp_path: Path, photo_tree: dict[str, bytes]) -> None:
+def test_bad_transform_is_one_line_before_anything_is_written(
+    tmp_path: Path, photo_tree: dict[str, bytes]
+) -> None:
     result = dlfs("pack", tmp_path / "src", tmp_path / "dst", "--transform", "resize:wide", check=False)
     assert_one_line_error(result, "whole number for short")
     assert not (tmp_path / "dst").exists()
