@@ -51,12 +51,20 @@ FLAG_LZ4 = 1
 #: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
 #: file's; size and checksum are of the stored bytes, so reading needs nothing else.
 FLAG_TRANSFORMED = 2
+#: Every flag bit this version writes; any other bit means a damaged or foreign index.
+KNOWN_FLAGS = FLAG_LZ4 | FLAG_TRANSFORMED
 #: The file-type bits of st_mode, as an integer mask that also works on numpy arrays.
 TYPE_MASK = 0o170000
 #: Files larger than this are stored raw and read by range; smaller ones are read and checked whole.
 WHOLE_PAYLOAD_LIMIT = 64 << 20
 
 ROOT_ROW = 0
+#: Longest name of one entry, in bytes (Linux's NAME_MAX).
+NAME_MAX = 255
+#: Longest symlink target, in bytes (Linux's PATH_MAX less its NUL).
+LINK_MAX = 4095
+#: Dataset ids are ``uuid4().hex``; the shard header holds them as 16 raw bytes.
+DATASET_ID_HEX = 32
 
 #: Per-entry columns and blobs: name -> dtype. ``name_off`` has one extra element (an end fence).
 SECTIONS: dict[str, str] = {
@@ -75,6 +83,9 @@ SECTIONS: dict[str, str] = {
     "flags": "u1",
     "links": "u1",
 }
+#: Sections that are byte blobs addressed by other columns; every other section has one element
+#: per entry, except ``name_off`` (one more).
+BLOBS = ("names", "links")
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -164,7 +175,8 @@ class DecodedIndex:
 
 
 def index_header(buf: bytes | memoryview, source: str) -> tuple[int, int, int]:
-    """(meta offset, meta length, file length) from an index's first ``HEADER_SIZE`` bytes."""
+    """(meta offset, meta length, file length) from an index's first ``HEADER_SIZE`` bytes,
+    checked to lie inside the file the header describes (so no reader asks for more)."""
     if len(buf) < HEADER_SIZE:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
     magic, version, _, meta_offset, meta_length, file_length = INDEX_HEADER.unpack_from(buf)
@@ -177,11 +189,21 @@ def index_header(buf: bytes | memoryview, source: str) -> tuple[int, int, int]:
         )
     if version != FORMAT_VERSION:
         raise DatasetError(f"{source} has unsupported format version {version}; re-run dlfs pack")
+    if not HEADER_SIZE <= meta_offset <= meta_offset + meta_length <= file_length - TRAILER.size:
+        raise invalid_index(source, "its header places the metadata outside the file")
     return meta_offset, meta_length, file_length
 
 
+def invalid_index(source: str, problem: str) -> DatasetError:
+    """The error for an index whose checksum holds but whose contents break the format's rules:
+    written by something other than ``dlfs pack``, or crafted."""
+    return DatasetError(f"{source} is not a valid dlfs index ({problem}); re-run dlfs pack to rebuild it")
+
+
 def decode_index(buf: memoryview, source: str) -> DecodedIndex:
-    """Check the header, length and trailer, then view each column in place (no copies)."""
+    """Check the header, length and trailer, the metadata's shape and that every section lies
+    inside the file with the length the entry count implies, then view each column in place (no
+    copies). The rows themselves are checked by ``dlfs.core.validate``."""
     if len(buf) < HEADER_SIZE + TRAILER.size:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
     meta_offset, meta_length, file_length = index_header(buf, source)
@@ -192,9 +214,85 @@ def decode_index(buf: memoryview, source: str) -> DecodedIndex:
     (stored,) = TRAILER.unpack_from(buf, len(buf) - TRAILER.size)
     if checksum(buf[: len(buf) - TRAILER.size]) != stored:
         raise DatasetError(f"{source} is corrupt (checksum mismatch); re-run dlfs pack")
-    meta = json.loads(bytes(buf[meta_offset : meta_offset + meta_length]))
+    try:
+        meta = json.loads(bytes(buf[meta_offset : meta_offset + meta_length]))
+    except (ValueError, RecursionError) as exc:
+        raise invalid_index(source, "its metadata is not JSON") from exc
+    _check_meta(meta, source)
+    table = _section_table(meta.get("sections"), meta_offset, source)
     arrays = {
         name: np.frombuffer(buf, dtype=SECTIONS[name], count=count, offset=offset)
-        for name, (offset, count) in meta["sections"].items()
+        for name, (offset, count) in table.items()
     }
     return DecodedIndex(meta=meta, arrays=arrays)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_meta(meta: object, source: str) -> None:
+    """The metadata fields a reader uses have the types and values ``dlfs pack`` writes.
+
+    Shard names must be exactly the ones this dataset id gives: a name is a path in the store, and
+    one like ``../x`` would read outside the dataset.
+    """
+    if not isinstance(meta, dict):
+        raise invalid_index(source, "its metadata is not an object")
+    dataset_id = meta.get("dataset_id")
+    if not (
+        isinstance(dataset_id, str)
+        and len(dataset_id) == DATASET_ID_HEX
+        and all(c in "0123456789abcdef" for c in dataset_id)
+    ):
+        raise invalid_index(source, "malformed dataset id")
+    shards = meta.get("shards")
+    if not isinstance(shards, list):
+        raise invalid_index(source, "no shard list")
+    for number, entry in enumerate(shards):
+        if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[1])):
+            raise invalid_index(source, f"shard entry {number} is malformed")
+        name, size = entry
+        if name != shard_name(dataset_id, number):
+            raise invalid_index(source, f"shard entry {number} is not named {shard_name(dataset_id, number)}")
+        if not HEADER_SIZE <= size < 1 << 63:
+            raise invalid_index(source, f"shard {name} has an impossible size {size}")
+    for key, valid in _OPTIONAL_META.items():
+        if key in meta and not valid(meta[key]):
+            raise invalid_index(source, f"metadata field {key} is malformed")
+
+
+#: Metadata that ``dlfs info`` and ``.dlfs/config`` show when present, and the type each must have.
+_OPTIONAL_META: dict[str, Any] = {
+    "created_ns": _is_int,
+    "dlfs_version": lambda value: isinstance(value, str),
+    "build": lambda value: isinstance(value, dict),
+    "transform": lambda value: (
+        isinstance(value, dict) and all(isinstance(value.get(key), str) for key in ("spec", "codec"))
+    ),
+}
+
+
+def _section_table(table: object, meta_offset: int, source: str) -> dict[str, tuple[int, int]]:
+    """(offset, element count) of every section, checked before any array is made: each lies
+    between the header and the metadata, 64-byte aligned, and the per-entry columns agree on the
+    entry count. A count claiming 2^60 elements is refused here, never allocated or mapped."""
+    if not isinstance(table, dict) or set(table) != set(SECTIONS):
+        raise invalid_index(source, "its section table does not list exactly the known sections")
+    out: dict[str, tuple[int, int]] = {}
+    for name, dtype in SECTIONS.items():
+        entry = table[name]
+        if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_int, entry))):
+            raise invalid_index(source, f"section {name} is malformed")
+        offset, count = entry
+        if offset < HEADER_SIZE or offset % ALIGN or count < 0:
+            raise invalid_index(source, f"section {name} has an impossible place")
+        if offset + count * np.dtype(dtype).itemsize > meta_offset:
+            raise invalid_index(source, f"section {name} runs past the columns")
+        out[name] = (offset, count)
+    entries = out["parent"][1]
+    for name, (_, count) in out.items():
+        expected = entries + 1 if name == "name_off" else entries
+        if name not in BLOBS and count != expected:
+            raise invalid_index(source, f"section {name} has {count} elements for {entries} entries")
+    return out

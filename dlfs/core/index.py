@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dlfs.core import format as fmt
+from dlfs.core import validate
 from dlfs.core.errors import DatasetError, ShardError
 from dlfs.core.libc import stat_blocks
 from dlfs.core.store import Descriptors, Store
@@ -74,8 +75,7 @@ class Index:
         self._name_bytes = memoryview(self.names)
         self._children_of = self.parent[1:]
         self._parent_key = self.parent.dtype.type
-        if self.count == 0 or self._kind[fmt.ROOT_ROW] != stat.S_IFDIR:
-            raise DatasetError(f"{source} has no root directory; re-run dlfs pack")
+        validate.check_rows(meta, arrays, self._kind, source)
 
     @classmethod
     def load(cls, store: Store, copies: Path | None = None) -> Index:
@@ -333,14 +333,19 @@ def _local_copy(store: Store, copies: Path, source: str, refresh: bool = False) 
     length or (``refresh``) damaged. The dataset id comes from the index's own header and meta, two
     small ranged reads: a dataset packed again under the same name has a new id, so a stale copy is
     never used."""
-    if store.size(fmt.INDEX_NAME) is None:
+    size = store.size(fmt.INDEX_NAME)
+    if size is None:
         raise DatasetError(f"{store.url} is not a dlfs dataset (no {fmt.INDEX_NAME}); run dlfs pack first")
     meta_offset, meta_length, file_length = fmt.index_header(
         store.read(fmt.INDEX_NAME, 0, fmt.HEADER_SIZE), source
     )
+    if file_length != size:  # nothing below asks the store for more than it holds
+        raise DatasetError(
+            f"{source} is truncated or padded ({size} bytes, header says {file_length}); re-run dlfs pack"
+        )
     try:
         dataset_id = str(json.loads(store.read(fmt.INDEX_NAME, meta_offset, meta_length))["dataset_id"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise DatasetError(f"{source} is corrupt (unreadable meta); re-run dlfs pack") from exc
     if not re.fullmatch(r"[0-9a-f]{1,64}", dataset_id):
         raise DatasetError(f"{source} has a malformed dataset id; re-run dlfs pack")

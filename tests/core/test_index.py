@@ -110,6 +110,7 @@ def test_random_order_is_seeded_and_differs_from_source_order(tmp_path: Path) ->
 def test_encoded_index_round_trips_every_column() -> None:
     rng = np.random.default_rng(0)
     arrays = {name: rng.integers(0, 200, size=17).astype(dtype) for name, dtype in fmt.SECTIONS.items()}
+    arrays["name_off"] = rng.integers(0, 200, size=18).astype(fmt.SECTIONS["name_off"])
     raw = fmt.encode_index(arrays, {"dataset_id": "ab" * 16, "shards": []})
     decoded = fmt.decode_index(memoryview(raw), "test")
     for name in fmt.SECTIONS:
