@@ -244,6 +244,31 @@ def _stop(child: subprocess.Popen[bytes], mnt: str) -> None:
             unmount(mnt, lazy=True)
 
 
+def holders(mnt: str) -> list[str]:
+    """The processes that keep ``mnt`` busy, as ``pid 123 (python3)``: an open file, a working or
+    root directory under it, as ``fuser -m`` finds them. Only links are read, never followed, so
+    a mount that stopped answering cannot hang the search; processes of other users are out of
+    sight without root and simply not named."""
+    inside = (mnt.rstrip("/") + "/", mnt.rstrip("/"))
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if pid == str(os.getpid()):
+            continue
+        links = [f"/proc/{pid}/cwd", f"/proc/{pid}/root"]
+        with contextlib.suppress(OSError):
+            links += [f"/proc/{pid}/fd/{fd}" for fd in os.listdir(f"/proc/{pid}/fd")]
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:  # gone, or not ours to see
+                continue
+            if target == inside[1] or target.startswith(inside[0]):
+                with contextlib.suppress(OSError):
+                    found.append(f"pid {pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})")
+                break
+    return found
+
+
 def unmount(mnt: str, lazy: bool = False) -> None:
     fstype = mounted_fstype(mnt)
     if fstype is None:
@@ -267,4 +292,8 @@ def unmount(mnt: str, lazy: bool = False) -> None:
         detail = (
             result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
         )
+        users = holders(mnt) if "busy" in detail.lower() else []
+        if users:
+            more = f" and {len(users) - 5} more" if len(users) > 5 else ""
+            detail += ", used by " + ", ".join(users[:5]) + more
         raise MountError(f"cannot unmount {mnt}: {detail}; close files that use it or pass --lazy")

@@ -368,9 +368,14 @@ def test_umount_waits_out_a_moment_of_busy(packed: Path, tmp_path: Path, mount) 
 def test_umount_of_a_mount_kept_busy_says_what_to_do(packed: Path, tmp_path: Path, mount) -> None:
     with mount(packed) as mnt:
         fd = os.open(mnt / "many", os.O_RDONLY | os.O_DIRECTORY)
+        sleeper = subprocess.Popen(["sleep", "60"], cwd=mnt / "many")
         try:
-            assert_one_line_error(dlfs("umount", mnt, check=False), "busy", "--lazy")
+            result = dlfs("umount", mnt, check=False)
+            named = (f"pid {os.getpid()} (", f"pid {sleeper.pid} (sleep)")
+            assert_one_line_error(result, "busy", "--lazy", *named)
         finally:
+            sleeper.kill()
+            sleeper.wait()
             os.close(fd)
 
 
