@@ -481,3 +481,20 @@ def test_a_plain_fusermount_right_after_an_epoch_is_announced_is_not_busy(tmp_pa
             assert wait_until(lambda pid=pid: not pid_alive(pid), 15)
         finally:
             force_unmount(mnt)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_daemon_unmounts_cleanly(packed: Path, tmp_path: Path, signum: int) -> None:
+    """systemd stops with SIGTERM, a terminal with SIGINT or SIGHUP: each unmounts and the daemon
+    exits, leaving an empty mountpoint and no error in its log."""
+    mnt, log = tmp_path / "mnt", tmp_path / "daemon.log"
+    mnt.mkdir()
+    pid = mount_pid(dlfs("mount", packed, mnt, "--log-file", log))
+    try:
+        assert (mnt / "many").is_dir()
+        os.kill(pid, signum)
+        assert wait_until(lambda: not pid_alive(pid), 15), "the daemon stayed"
+        assert not is_mounted(mnt) and os.listdir(mnt) == []
+        assert "Traceback" not in log.read_text()
+    finally:
+        force_unmount(mnt)
