@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL_SHARD, find_listing, use_s3, wait_until
+from test_metrics import free_port, scrape, value
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core.protocol import order_path, parse_order
@@ -68,6 +69,28 @@ def test_a_bucket_mounts_as_the_tree_and_a_remount_reads_from_the_disk_tier(
         after = _stats(mnt)
         assert after["store"] == before  # every byte from the disk tier
         assert after["disk_cache"]["hits"] > 0 and after["disk_cache"]["misses"] == 0
+
+
+def test_a_scrape_of_an_s3_mount_gives_its_store_and_disk_tier_counters(
+    odd_tree: Path, tmp_path: Path, s3: str, mount
+) -> None:
+    """What Prometheus sees of a bucket mount with a disk tier is what ``.dlfs/stats`` says."""
+    url = f"{s3}/metrics"
+    pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    port = free_port()
+    flags = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M", "--metrics-port", str(port))
+    with mount(url, *flags) as mnt:
+        _same_tree(odd_tree, mnt)
+        assert wait_until(lambda: _stats(mnt)["listing_folders"] == 0)
+        stats = _stats(mnt)
+        samples = scrape(port)
+    assert stats["store"]["requests"] > 0 and stats["disk_cache"]["misses"] > 0
+    assert value(samples, "dlfs_store_requests_total") == stats["store"]["requests"]
+    assert value(samples, "dlfs_store_received_bytes_total") == stats["store"]["bytes"]
+    for key in ("hits", "misses", "evictions"):
+        assert value(samples, f"dlfs_cache_{key}_total", tier="disk") == stats["disk_cache"][key]
+    assert value(samples, "dlfs_cache_used_bytes", tier="disk") == stats["disk_cache"]["used"]
+    assert value(samples, "dlfs_cache_budget_bytes", tier="disk") == 64 << 20
 
 
 def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(tmp_path: Path, s3: str, mount) -> None:
