@@ -103,7 +103,7 @@ def _write_payloads(
     (in place, their slots stay holes)."""
     placed = Placed()
     started = time.monotonic()
-    total = sum(tree.size[row] for row in rows.tolist())
+    total = int(tree.column("size")[rows].sum())
     summary.source_bytes = total
     reads = shards.reads(pool, tree, rows, options)
     with tqdm(
@@ -129,9 +129,9 @@ def _write_payloads(
             summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
             if options.transform is not None:
                 _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
-            if len(placed.rows) % PROGRESS_EVERY == 0:
-                rate = len(placed.rows) / max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{len(placed.rows):,} files, {rate:,.0f} files/s", refresh=False)
+            if len(placed) % PROGRESS_EVERY == 0:
+                rate = len(placed) / max(time.monotonic() - started, 1e-9)
+                bar.set_postfix_str(f"{len(placed):,} files, {rate:,.0f} files/s", refresh=False)
             bar.update(tree.size[row])
     return placed
 
@@ -175,13 +175,14 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
     ):
         try:
             tree = walk(src, options, summary, pool)
-            parent = np.asarray(tree.parent, dtype=np.int64)
             rows = placement_order(
-                parent, np.asarray(tree.mode, dtype=np.uint32), options.order, options.seed
+                tree.column("parent").astype(np.int64), tree.column("mode"), options.order, options.seed
             )
             placed = _write_payloads(transforms or pool, tree, rows, shards, options, summary)
             shard_list = shards.finish()
             arrays = index_arrays(tree, placed)
+            # What the index no longer needs goes before it is encoded: pack's peak is here.
+            del tree, placed, rows
             meta = {
                 "dataset_id": summary.dataset_id,
                 "created_ns": time.time_ns(),

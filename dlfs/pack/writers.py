@@ -23,7 +23,7 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.store import ShardWriter, Store
 from dlfs.pack.options import PackOptions
-from dlfs.pack.pipeline import Outcome, Payload, read_ahead, stream_into
+from dlfs.pack.pipeline import Outcome, Payload, each, read_ahead, stream_into
 from dlfs.pack.walk import Tree
 
 
@@ -139,21 +139,21 @@ class InPlaceShards(ShardSet):
         self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
     ) -> Iterator[tuple[int, Outcome]]:
         """Lays out every slot and creates every shard first: the readers write straight into them."""
-        self._shard_at = np.zeros(len(tree.parent), dtype=np.int64)
-        self._offset_at = np.zeros(len(tree.parent), dtype=np.int64)
-        self._shard_at[rows], self._offset_at[rows] = self._lay_out([tree.size[row] for row in rows.tolist()])
+        self._shard_at = np.zeros(len(tree), dtype=np.int64)
+        self._offset_at = np.zeros(len(tree), dtype=np.int64)
+        self._shard_at[rows], self._offset_at[rows] = self._lay_out(tree.column("size")[rows])
         return read_ahead(pool, tree, rows, options, self.slot, self.open)
 
-    def _lay_out(self, sizes: list[int]) -> tuple[list[int], list[int]]:
+    def _lay_out(self, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard number and offset for each file, in placement order, with every shard created."""
-        shards, offsets = [], []
-        for size in sizes:
+        shards, offsets = np.empty(len(sizes), dtype=np.int64), np.empty(len(sizes), dtype=np.int64)
+        for k, size in enumerate(each(sizes)):
             if not self._ends or self._full(self._ends[-1], size):
                 number, writer = self._create()
                 writer.write_at(0, fmt.shard_header(self.dataset_id, number))
                 self._ends.append(fmt.HEADER_SIZE)
-            shards.append(len(self._ends) - 1)
-            offsets.append(self._ends[-1])
+            shards[k] = len(self._ends) - 1
+            offsets[k] = self._ends[-1]
             self._ends[-1] += size
         return shards, offsets
 
@@ -203,6 +203,7 @@ class InPlaceShards(ShardSet):
         return stream_into(lambda at, chunk: writer.write_at(offset + at, chunk), path, limit)
 
     def finish(self) -> list[tuple[str, int]]:
+        self._shard_at = self._offset_at = np.zeros(0, dtype=np.int64)  # 16 bytes a file, no longer needed
         done = []
         for number, writer in enumerate(self.open):
             writer.commit(self._ends[number])
