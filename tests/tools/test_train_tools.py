@@ -103,3 +103,16 @@ def test_transform_benchmark_packs_reads_and_compares(tmp_path: Path) -> None:
     for name, loader in result["loaders"].items():
         assert result["vs_native"][name] == pytest.approx(loader["images_per_s"]["median"] / native)
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text(), "every mount is gone"
+
+
+def test_big_index_benchmark_synthesises_what_pack_would_write(tmp_path: Path) -> None:
+    """``tools/bench_bigindex.py``'s dataset passes every load check and verify, and its names are
+    the ones its lookups ask for."""
+    sys.path.insert(0, str(TOOLS))
+    import bench_bigindex
+
+    bench_bigindex.synthesise(tmp_path / "ds", 1005, 10)
+    assert dlfs("verify", tmp_path / "ds").stdout.startswith("OK: checked 1005 files")
+    info = json.loads(dlfs("info", tmp_path / "ds", "--json").stdout)
+    assert (info["files"], info["directories"]) == (1005, 11)
+    assert dlfs("ls", tmp_path / "ds", "n00000009").stdout.splitlines()[-1] == "n00000009_000099.JPEG"

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Metadata at ImageNet-21k scale: an index of 14.2 M files mounted and looked up, beside
+ImageNet-1k's 1.28 M.
+
+Packing 14.2 M real files takes most of an hour here and the question is the index, so each
+dataset is synthesised: the index a pack of that many tiny files in that many class folders would
+write (ImageNet-like names, in the order pack numbers rows, 16 bytes of payload each in one shard),
+through the same encoder. For each size: the wall time of ``dlfs mount`` until the mount answers
+(index read, checksummed and validated; warm, and with the page cache dropped), the daemon's RSS
+after mounting and after the lookups, and the latency of ``stat`` on random files (one process,
+each stat a LOOKUP of a file the kernel has not seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import stat
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import can_drop_caches, dlfs_mount, drop_caches, rss_bytes
+
+from dlfs import __version__
+from dlfs.core import format as fmt
+
+PAYLOAD = b"0123456789abcdef"
+#: Shapes measured: ImageNet-1k and ImageNet-21k (files, class folders).
+SHAPES = {"imagenet-1k": (1_281_167, 1_000), "imagenet-21k": (14_197_122, 21_841)}
+
+
+def _digits(values: np.ndarray, width: int) -> np.ndarray:
+    """Each value as ``width`` zero-padded ASCII digits: an (n, width) uint8 array."""
+    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    return (values[:, None] // powers % 10 + ord("0")).astype(np.uint8)
+
+
+def synthesise(dst: Path, files: int, classes: int) -> None:
+    """Write the index and the one shard of ``files`` files in ``classes`` folders into ``dst``."""
+    dataset_id = fmt.new_dataset_id()
+    per_class = np.full(classes, files // classes, dtype=np.int64)
+    per_class[: files % classes] += 1
+    class_of = np.repeat(np.arange(classes, dtype=np.int64), per_class)
+    within = np.arange(files, dtype=np.int64) - np.repeat(np.cumsum(per_class) - per_class, per_class)
+    # Class folders n00000000.. and files n00000000_000000.JPEG..: zero-padded, so that sorted by
+    # bytes, as pack sorts every folder, is sorted by number.
+    folder_names = np.hstack([np.full((classes, 1), ord("n"), np.uint8), _digits(np.arange(classes), 8)])
+    file_names = np.hstack(
+        [
+            np.full((files, 1), ord("n"), np.uint8),
+            _digits(class_of, 8),
+            np.full((files, 1), ord("_"), np.uint8),
+            _digits(within, 6),
+            np.frombuffer(b".JPEG" * files, np.uint8).reshape(files, 5),
+        ]
+    )
+    rows = 1 + classes + files
+    name_len = np.concatenate(
+        [[0], np.full(classes, folder_names.shape[1]), np.full(files, file_names.shape[1])]
+    )
+    name_off = np.zeros(rows + 1, dtype=np.uint64)
+    np.cumsum(name_len, out=name_off[1:])
+    is_file = np.arange(rows) > classes
+    shard_size = fmt.HEADER_SIZE + files * len(PAYLOAD)
+    offset = np.zeros(rows, dtype=np.uint64)
+    offset[is_file] = fmt.HEADER_SIZE + np.arange(files, dtype=np.uint64) * len(PAYLOAD)
+    arrays = {
+        "parent": np.concatenate([[0], np.zeros(classes, np.int64), 1 + class_of]),
+        "name_off": name_off,
+        "names": np.concatenate([folder_names.ravel(), file_names.ravel()]),
+        "mode": np.where(is_file, stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755),
+        "uid": np.zeros(rows, np.uint32),
+        "gid": np.zeros(rows, np.uint32),
+        "size": np.where(is_file, len(PAYLOAD), 0),
+        "mtime": np.full(rows, 1_600_000_000 * 10**9, np.int64),
+        "shard": np.zeros(rows, np.uint32),
+        "offset": offset,
+        "stored": np.where(is_file, len(PAYLOAD), 0),
+        "checksum": np.where(is_file, np.uint64(fmt.checksum(PAYLOAD)), np.uint64(0)),
+        "flags": np.zeros(rows, np.uint8),
+        "links": np.zeros(0, np.uint8),
+    }
+    shard = fmt.shard_name(dataset_id, 0)
+    meta = {
+        "dataset_id": dataset_id,
+        "created_ns": time.time_ns(),
+        "dlfs_version": __version__,
+        "build": {"source": f"synthesised: {files} files in {classes} folders", "transform": "none"},
+        "shards": [(shard, shard_size)],
+    }
+    dst.mkdir(parents=True, exist_ok=True)
+    with open(dst / shard, "wb") as out:
+        out.write(fmt.shard_header(dataset_id, 0))
+        chunk = PAYLOAD * (1 << 20)
+        left = files * len(PAYLOAD)
+        while left:
+            out.write(chunk[:left])
+            left -= min(left, len(chunk))
+    (dst / fmt.INDEX_NAME).write_bytes(fmt.encode_index(arrays, meta))
+
+
+def lookups(mnt: Path, files: int, classes: int, count: int) -> list[float]:
+    """Seconds of ``stat`` on ``count`` random files, each a file the kernel has not looked up."""
+    rng = np.random.default_rng(0)
+    per_class = files // classes
+    picks = rng.choice(per_class * classes, size=count, replace=False)
+    times = []
+    for pick in picks.tolist():
+        cls, k = divmod(pick, per_class)
+        path = mnt / f"n{cls:08d}" / f"n{cls:08d}_{k:06d}.JPEG"
+        started = time.perf_counter()
+        os.stat(path)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def measure(dataset: Path, mnt: Path, files: int, classes: int, count: int) -> dict[str, float]:
+    result: dict[str, float] = {"index_bytes": (dataset / fmt.INDEX_NAME).stat().st_size}
+    runs = [("warm", None)] + ([("cold", drop_caches)] if can_drop_caches() else [])
+    for name, before in runs:
+        if before:
+            before()
+        with dlfs_mount(dataset, mnt) as (pid, took):
+            result[f"mount_{name}_s"] = took
+            if name == "warm":
+                result["rss_after_mount"] = rss_bytes(pid)
+                times = sorted(lookups(mnt, files, classes, count))
+                result["rss_after_lookups"] = rss_bytes(pid)
+                result["stat_p50_us"] = statistics.median(times) * 1e6
+                result["stat_p99_us"] = times[int(0.99 * (len(times) - 1))] * 1e6
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, default=Path("bench-data/bigindex"))
+    parser.add_argument("--shape", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--lookups", type=int, default=20_000, help="random files stat'ed per shape")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = {}
+    for shape in args.shape:
+        files, classes = SHAPES[shape]
+        dataset = args.work / shape
+        if not (dataset / fmt.INDEX_NAME).exists():
+            print(
+                f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True
+            )
+            synthesise(dataset, files, classes)
+        results[shape] = {
+            "files": files,
+            "classes": classes,
+            **measure(dataset, args.work / "mnt", files, classes, args.lookups),
+        }
+        print(f"{shape}: {json.dumps(results[shape])}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for shape, r in results.items():
+        print(
+            f"{shape:>13}: index {r['index_bytes'] / 2**20:,.0f} MiB, mount {r['mount_warm_s']:.2f} s warm"
+            + (f" / {r['mount_cold_s']:.2f} s cold" if "mount_cold_s" in r else "")
+            + f", RSS {r['rss_after_mount'] / 2**20:,.0f} MiB after mount, "
+            f"{r['rss_after_lookups'] / 2**20:,.0f} MiB after lookups, "
+            f"stat p50 {r['stat_p50_us']:.0f} us, p99 {r['stat_p99_us']:.0f} us"
+        )
+
+
+if __name__ == "__main__":
+    main()
