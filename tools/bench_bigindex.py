@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import can_drop_caches, dlfs_mount, drop_caches, rss_bytes
+from benchlib import can_drop_caches, dlfs_mount, drop_caches
 
 from dlfs import __version__
 from dlfs.core import format as fmt
@@ -121,6 +121,18 @@ def lookups(mnt: Path, files: int, classes: int, count: int) -> list[float]:
     return times
 
 
+def memory(pid: int) -> dict[str, int]:
+    """The daemon's RSS and its two parts: anonymous memory (what it allocated) and file pages
+    (the index's, mapped from the page cache, which the kernel reclaims under pressure)."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    found = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in fields:
+            found[fields[key]] = int(value.split()[0]) * 1024
+    return found
+
+
 def measure(dataset: Path, mnt: Path, files: int, classes: int, count: int) -> dict[str, float]:
     result: dict[str, float] = {"index_bytes": (dataset / fmt.INDEX_NAME).stat().st_size}
     runs = [("warm", None)] + ([("cold", drop_caches)] if can_drop_caches() else [])
@@ -130,9 +142,9 @@ def measure(dataset: Path, mnt: Path, files: int, classes: int, count: int) -> d
         with dlfs_mount(dataset, mnt) as (pid, took):
             result[f"mount_{name}_s"] = took
             if name == "warm":
-                result["rss_after_mount"] = rss_bytes(pid)
+                result |= {f"{key}_after_mount": value for key, value in memory(pid).items()}
                 times = sorted(lookups(mnt, files, classes, count))
-                result["rss_after_lookups"] = rss_bytes(pid)
+                result |= {f"{key}_after_lookups": value for key, value in memory(pid).items()}
                 result["stat_p50_us"] = statistics.median(times) * 1e6
                 result["stat_p99_us"] = times[int(0.99 * (len(times) - 1))] * 1e6
     return result
@@ -169,8 +181,9 @@ def main() -> None:
         print(
             f"{shape:>13}: index {r['index_bytes'] / 2**20:,.0f} MiB, mount {r['mount_warm_s']:.2f} s warm"
             + (f" / {r['mount_cold_s']:.2f} s cold" if "mount_cold_s" in r else "")
-            + f", RSS {r['rss_after_mount'] / 2**20:,.0f} MiB after mount, "
-            f"{r['rss_after_lookups'] / 2**20:,.0f} MiB after lookups, "
+            + f", RSS {r['rss_after_mount'] / 2**20:,.0f} MiB after mount "
+            f"({r['anon_after_mount'] / 2**20:,.0f} anonymous), {r['rss_after_lookups'] / 2**20:,.0f} MiB "
+            f"after lookups ({r['anon_after_lookups'] / 2**20:,.0f} anonymous), "
             f"stat p50 {r['stat_p50_us']:.0f} us, p99 {r['stat_p99_us']:.0f} us"
         )
 
