@@ -148,24 +148,30 @@ def _align(n: int) -> int:
 
 
 def encode_index(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytearray:
-    """Serialise the index columns and metadata into the bytes of one index file (a bytearray:
-    a copy into ``bytes`` would double pack's peak, 115 MB at 1.28 M files)."""
-    out = bytearray(HEADER_SIZE)
+    """Serialise the index columns and metadata into the bytes of one index file.
+
+    The file is laid out first and each column copied once into its place, with no copy of the
+    whole (115 MB at 1.28 M files) on the way: pack holds it beside every column."""
     table: dict[str, list[int]] = {}
+    end = HEADER_SIZE
     for name, dtype in SECTIONS.items():
-        column = np.ascontiguousarray(arrays[name], dtype=dtype)
-        out.extend(b"\x00" * (_align(len(out)) - len(out)))
-        table[name] = [len(out), int(column.size)]
-        out.extend(column.tobytes())
+        start = _align(end)
+        table[name] = [start, int(arrays[name].size)]
+        end = start + int(arrays[name].size) * np.dtype(dtype).itemsize
     body = json.dumps({**meta, "sections": table}, sort_keys=True).encode()
-    meta_offset = _align(len(out))
-    out.extend(b"\x00" * (meta_offset - len(out)))
-    out.extend(body)
-    file_length = len(out) + TRAILER.size
+    meta_offset = _align(end)
+    file_length = meta_offset + len(body) + TRAILER.size
+    out = bytearray(file_length)
+    view = np.frombuffer(out, dtype=np.uint8)
+    for name, dtype in SECTIONS.items():
+        start, count = table[name]
+        section = view[start : start + count * np.dtype(dtype).itemsize].view(dtype)
+        np.copyto(section, arrays[name], casting="unsafe")
+    out[meta_offset : meta_offset + len(body)] = body
     out[: INDEX_HEADER.size] = INDEX_HEADER.pack(
         INDEX_MAGIC, FORMAT_VERSION, 0, meta_offset, len(body), file_length
     )
-    out.extend(TRAILER.pack(checksum(out)))
+    out[-TRAILER.size :] = TRAILER.pack(checksum(memoryview(out)[: -TRAILER.size]))
     return out
 
 
