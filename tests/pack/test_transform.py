@@ -187,3 +187,14 @@ def test_bad_transform_is_one_line_before_anything_is_written(
     result = dlfs("pack", tmp_path / "src", tmp_path / "dst", "--transform", "resize:wide", check=False)
     assert_one_line_error(result, "whole number for short")
     assert not (tmp_path / "dst").exists()
+
+
+def test_a_transformed_pack_goes_into_a_bucket_too(
+    tmp_path: Path, photo_tree: dict[str, bytes], s3: str
+) -> None:
+    """Into ``s3://``, the transformed bytes stream up like any others and say what they are."""
+    summary = json.loads(dlfs("pack", tmp_path / "src", s3, "--transform", "resize:256", "--json").stdout)
+    assert summary["transformed_files"] == 2
+    info = json.loads(dlfs("info", s3, "--json").stdout)
+    assert info["transform"].startswith("resize:256,quality=90 (") and info["bytes"] == summary["bytes"]
+    assert "resize:256,quality=90" in dlfs("verify", s3).stdout
