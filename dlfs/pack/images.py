@@ -38,9 +38,11 @@ class Kept(enum.Enum):
 
 
 def use_fastest_codec() -> None:
-    """Put Pillow-SIMD first on this process's path, if it was built; call before ``PIL`` loads."""
+    """Put Pillow-SIMD first on this process's path, if it was built and nothing has loaded
+    ``PIL`` yet. A spawned worker re-imports the calling script first, so a script that imports
+    PIL itself (a notebook using torchvision) keeps the Pillow it loaded: slower, not wrong."""
     if "PIL" in sys.modules:
-        raise RuntimeError("PIL is loaded already: use_fastest_codec must run first")
+        return
     if (CODEC_DIR / "PIL").is_dir():
         sys.path.insert(0, str(CODEC_DIR))
 

@@ -18,6 +18,7 @@ import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
     if options.transform is None:
         yield None
         return
-    workers = max(1, min(options.jobs, os.cpu_count() or 1))
+    workers = max(1, min(options.jobs, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
         summary.transform = options.transform.spec
@@ -160,7 +161,13 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             raise PackError(
                 "--transform needs Pillow: pip install 'dlfs[images]' (make install also builds Pillow-SIMD)"
             ) from None
-        yield pool
+        try:
+            yield pool
+        except BrokenProcessPool:
+            raise PackError(
+                "a --transform worker process died (killed, or out of memory?); see the log, lower --jobs "
+                "and pack again"
+            ) from None
 
 
 def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -198,3 +200,21 @@ def test_a_transformed_pack_goes_into_a_bucket_too(
     info = json.loads(dlfs("info", s3, "--json").stdout)
     assert info["transform"].startswith("resize:256,quality=90 (") and info["bytes"] == summary["bytes"]
     assert "resize:256,quality=90" in dlfs("verify", s3).stdout
+
+
+def test_a_script_that_imports_pil_itself_can_pack_with_a_transform(
+    tmp_path: Path, photo_tree: dict[str, bytes]
+) -> None:
+    """Spawned workers re-import the calling script: with PIL loaded by it they keep its Pillow."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from PIL import Image\n"
+        "from dlfs.pack import PackOptions, pack\n"
+        "from dlfs.pack.transform import parse\n"
+        "if __name__ == '__main__':\n"
+        f"    s = pack({str(tmp_path / 'src')!r}, {str(tmp_path / 'dst')!r},\n"
+        "             PackOptions(transform=parse('resize:256'), progress=False))\n"
+        "    print(s.transformed_files, s.codec)\n"
+    )
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.startswith("2 Pillow")
