@@ -21,11 +21,16 @@ from collections.abc import Sequence
 from dlfs import cli
 
 #: Options mount(8) and fstab add that mean nothing more to a read-only FUSE mount: dlfs is read-only
-#: whatever rw says, FUSE mounts are nosuid and nodev already, and the daemon serves no atimes.
+#: whatever rw says, FUSE mounts are nosuid and nodev already, the daemon serves no atimes and
+#: writes nothing (sync, async), and who may mount (user, users, owner, group) is mount(8)'s to
+#: decide before it runs this helper. fuse3's mount.fuse3 drops the same ones.
 IGNORED = frozenset(
     ("rw", "ro", "defaults", "auto", "noauto", "nofail", "_netdev", "nosuid", "nodev", "noatime", "relatime",
-     "nodiratime")
+     "nodiratime", "user", "users", "nouser", "owner", "group", "exec", "suid", "dev", "sync", "async",
+     "loud", "silent")
 )  # fmt: skip
+#: Options that would restrict the mount but that this helper cannot apply: said, then mounted.
+NOT_APPLIED = {"noexec": "files keep the modes they were packed with"}
 #: ``dlfs mount`` flags that are no mount options: the helper itself decides them.
 NOT_OPTIONS = frozenset(("help", "foreground", "systemd", "ready_fd"))
 #: mount(8)'s exit status for a mount that failed (1 is a usage error).
@@ -60,6 +65,9 @@ def to_flags(options: str, sloppy: bool = False) -> list[str]:
         name, has_value, value = option.partition("=")
         if name in IGNORED or name.startswith("x-") or name == "comment":
             continue
+        if name in NOT_APPLIED:
+            print(f"mount.fuse.dlfs: {name} is not applied: {NOT_APPLIED[name]}", file=sys.stderr)
+            continue
         action = flags.get(name)
         if action is None:
             if sloppy:
@@ -72,8 +80,23 @@ def to_flags(options: str, sloppy: bool = False) -> list[str]:
             raise OptionError(f"option {name!r} needs a value: {name}=...")
         if not takes_value and has_value:
             raise OptionError(f"option {name!r} takes no value: write {name} alone")
+        if takes_value:
+            _check_value(name, value, action)
         arguments += [action.option_strings[-1], value] if takes_value else [action.option_strings[-1]]
     return arguments
+
+
+def _check_value(name: str, value: str, action: argparse.Action) -> None:
+    """The value as ``dlfs mount`` would take it, so that a bad one is one line here (and with
+    ``-f``) rather than argparse's usage text and exit 2 from the mount."""
+    try:
+        converted = action.type(value) if callable(action.type) else value
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+        reason = "needs a whole number" if action.type is int else str(exc) or "not a valid value"
+        raise OptionError(f"option {name}={value!r}: {reason}") from None
+    if action.choices is not None and converted not in action.choices:
+        choices = ", ".join(map(str, action.choices))
+        raise OptionError(f"option {name}={value!r}: choose one of {choices}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

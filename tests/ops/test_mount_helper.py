@@ -37,13 +37,14 @@ def mounted_by_mount8(mnt: Path, *mount_args: str) -> Iterator[int]:
     mnt.mkdir(exist_ok=True)
     result = subprocess.run(["mount", *mount_args], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
-    pid = int(re.search(r"daemon pid (\d+)", result.stdout).group(1))  # type: ignore[union-attr]
+    found = re.search(r"daemon pid (\d+)", result.stdout)
     try:
-        yield pid
+        assert found, result.stdout
+        yield int(found.group(1))
     finally:
         force_unmount(mnt)
-        if not wait_until(lambda: not pid_alive(pid), 15):
-            os.kill(pid, signal.SIGKILL)
+        if found and not wait_until(lambda: not pid_alive(int(found.group(1))), 15):
+            os.kill(int(found.group(1)), signal.SIGKILL)
 
 
 def test_options_map_onto_dlfs_mount_flags() -> None:
@@ -58,6 +59,9 @@ def test_options_map_onto_dlfs_mount_flags() -> None:
         ("seed", ["'seed' needs a value"]),
         ("allow_other=1", ["'allow_other' takes no value"]),
         ("foreground", ["unknown option 'foreground'"]),
+        ("seed=abc", ["seed='abc'", "needs a whole number"]),
+        ("prefetch_budget=lots", ["prefetch_budget='lots'", "not a size"]),
+        ("order=shuffled", ["order='shuffled'", "choose one of full, block"]),
     ],
 )
 def test_an_option_dlfs_does_not_take_is_refused_by_name(options: str, words: list[str]) -> None:
@@ -69,6 +73,21 @@ def test_an_option_dlfs_does_not_take_is_refused_by_name(options: str, words: li
 
 def test_sloppy_mount_skips_unknown_options() -> None:
     assert to_flags("colour=blue,seed=2", sloppy=True) == ["--seed", "2"]
+
+
+def test_fstab_habits_are_ignored_and_noexec_is_said_not_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    assert to_flags("noauto,user,users,owner,exec,suid,dev,sync,async,noexec,seed=4") == ["--seed", "4"]
+    assert "noexec is not applied" in capsys.readouterr().err
+
+
+def test_check_only_mount_refuses_a_bad_value_in_one_line() -> None:
+    """``mount -f``: nothing is mounted, and a value dlfs mount would refuse is refused here."""
+    command = [sys.executable, "-m", "dlfs.mount_helper", "ds", "mnt", "-f", "-o"]
+    bad = subprocess.run([*command, "seed=abc"], capture_output=True, text=True, timeout=60, check=False)
+    assert_one_line_error(bad, "seed='abc'")
+    assert bad.returncode == 1
+    good = subprocess.run([*command, "seed=3,order=block"], capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and not good.stderr
 
 
 def test_mount_t_fuse_dlfs_mounts_with_options_and_umount_ends_it(
