@@ -17,7 +17,7 @@ NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents
 # As root, also the system's places for dlfs (README, Operations): /usr/local/bin/dlfs, the mount
 # helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this checkout's venv.
 install: $(STAMP) $(NATIVE)
-	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/dlfs -q install-system; \
+	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/dlfs -q install-system --keep-links; \
 	else echo "not root: skipped dlfs install-system (mount helper, systemd unit, /usr/local/bin/dlfs)"; fi
 
 $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py

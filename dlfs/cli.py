@@ -186,7 +186,7 @@ def _cmd_umount(args: argparse.Namespace) -> int:
 def _cmd_install_system(args: argparse.Namespace) -> int:
     from dlfs.system_install import install
 
-    changes = install(Path(args.root))
+    changes = install(Path(args.root), keep_links=args.keep_links)
     if changes or not args.quiet:
         print("\n".join(changes) or f"dlfs is installed under {args.root} already")
     return 0
@@ -430,8 +430,11 @@ class _Version(argparse.Action):
 
 def _native_loops() -> str:
     """``--version``'s line on the C loops, which pip or make builds beside the Python modules."""
-    from dlfs.fuse import dirents, server
-    from dlfs.readahead import native
+    try:  # the FUSE side's modules need pyfuse3, whose absence the line before names
+        from dlfs.fuse import dirents, server
+        from dlfs.readahead import native
+    except ImportError as exc:
+        return f"C loops: not checked ({exc})"
 
     loops = {"read-ahead": native.LIBRARY, "listings": dirents.LIBRARY, "request server": server.LIBRARY}
     missing = [f"{name} ({path.name})" for name, path in loops.items() if not path.exists()]
@@ -608,9 +611,14 @@ def build_parser() -> argparse.ArgumentParser:
         "install-system",
         parents=[common],
         help="link dlfs and its mount helper (mount -t fuse.dlfs, fstab) into /usr/local/bin and /sbin "
-        "and write its systemd unit dlfs@.service (root)",
+        "and write its systemd unit dlfs@.service into /usr/local/lib/systemd/system (root)",
     )
     p.add_argument("--root", default="/", help="install under this directory instead of / (packaging)")
+    p.add_argument(
+        "--keep-links",
+        action="store_true",
+        help="leave links that point to another dlfs install which still exists (make install uses it)",
+    )
     p.set_defaults(func=_cmd_install_system)
 
     p = sub.add_parser("verify", parents=[common], help="check every file of a dataset against its checksum")

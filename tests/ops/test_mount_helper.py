@@ -170,3 +170,47 @@ def test_install_system_leaves_a_file_that_is_not_its_link_alone(tmp_path: Path)
     )
     assert_one_line_error(result, str(command), "not a link")
     assert command.read_text() == "#!/bin/sh\n"
+
+
+def _install_system(root: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DLFS, "install-system", "--root", root, *flags], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("kind", ["symlink", "foreign"])
+def test_install_system_never_writes_a_unit_it_did_not_write(tmp_path: Path, kind: str) -> None:
+    """An administrator's file, or a link that would carry the write outside the root, is refused."""
+    unit, outside = tmp_path / "root" / system_install.UNIT, tmp_path / "outside.service"
+    outside.write_text("[Unit]\nDescription=mine\n")
+    unit.parent.mkdir(parents=True)
+    if kind == "symlink":
+        unit.symlink_to(outside)
+    else:
+        unit.write_text(outside.read_text())
+    assert_one_line_error(_install_system(tmp_path / "root"), str(unit), "remove it")
+    assert outside.read_text() == "[Unit]\nDescription=mine\n"
+    assert kind == "symlink" or unit.read_text() == outside.read_text()
+
+
+def test_install_system_replaces_its_own_older_unit(tmp_path: Path) -> None:
+    unit = tmp_path / system_install.UNIT
+    unit.parent.mkdir(parents=True)
+    unit.write_text(system_install.unit_text().partition("\n")[0] + "\nan older version\n")
+    assert f"wrote {unit}" in _install_system(tmp_path).stdout
+    assert unit.read_text() == system_install.unit_text()
+
+
+def test_keep_links_leaves_another_install_in_place(tmp_path: Path) -> None:
+    """``make install`` in a checkout does not take /usr/local/bin/dlfs from a production venv."""
+    other = tmp_path / "opt" / "dlfs"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\n")
+    command = tmp_path / "root" / system_install.COMMAND
+    command.parent.mkdir(parents=True)
+    command.symlink_to(other)
+    kept = _install_system(tmp_path / "root", "--keep-links")
+    assert kept.returncode == 0 and f"left {command} -> {other}" in kept.stdout
+    assert os.readlink(command) == str(other)
+    assert _install_system(tmp_path / "root").returncode == 0
+    assert os.readlink(command) == str(Path(sys.executable).parent.absolute() / "dlfs")
