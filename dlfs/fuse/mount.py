@@ -249,7 +249,11 @@ def holders(mnt: str) -> list[str]:
     root directory under it, as ``fuser -m`` finds them. Only links are read, never followed, so
     a mount that stopped answering cannot hang the search; processes of other users are out of
     sight without root and simply not named."""
-    inside = (mnt.rstrip("/") + "/", mnt.rstrip("/"))
+    # The links name absolute, resolved paths; resolve the mountpoint's folder, never the mountpoint
+    # itself (a lookup on a mount that stopped answering would hang).
+    absolute = os.path.abspath(mnt)
+    where = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
+    inside = (where + "/", where)
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if pid == str(os.getpid()):
