@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from socketserver import ThreadingMixIn
+from socketserver import TCPServer, ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -207,6 +207,15 @@ def _counter(name: str, documentation: str, value: float | None) -> CounterMetri
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape in progress never holds up the daemon's exit
+
+    def server_bind(self) -> None:
+        """Bind without HTTPServer's ``getfqdn`` of the address: a reverse DNS lookup that, on a
+        node whose resolver does not answer, holds up the mount for seconds. The name only goes
+        into CGI variables nobody reads here."""
+        TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+        self.setup_environ()
 
 
 class _QuietHandler(WSGIRequestHandler):

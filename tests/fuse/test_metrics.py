@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import pytest
+import trio
 from conftest import assert_one_line_error, dlfs, drop_from_memory, is_mounted, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlfs.core.protocol import LATENCY_BUCKETS
-from dlfs.metrics import StatsCollector, latency_buckets
+from dlfs.fuse.daemon import _from_loop
+from dlfs.metrics import MetricsEndpoint, StatsCollector, latency_buckets
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -133,5 +137,25 @@ def test_a_taken_metrics_port_fails_the_mount_and_leaves_nothing_mounted(
 
 
 def test_a_stopping_daemon_gives_no_figures_rather_than_zeros() -> None:
-    """Zeros would read as a counter reset; no series at all go stale, as for a daemon gone."""
-    assert list(StatsCollector(lambda: None).collect()) == []
+    """A scrape that comes after the daemon's event loop ended gets no snapshot, and the collector
+    then gives no series: zeros would read as a counter reset, no series go stale as for a daemon
+    gone."""
+    tokens = []
+
+    async def loop() -> None:
+        tokens.append(trio.lowlevel.current_trio_token())
+
+    trio.run(loop)
+    snapshot = _from_loop(lambda: {"requests": {}}, tokens[0])
+    with ThreadPoolExecutor(1) as scraper:  # scrapes come on the endpoint's thread
+        assert scraper.submit(snapshot).result(timeout=10) is None
+    assert list(StatsCollector(snapshot).collect()) == []
+
+
+def test_binding_the_endpoint_asks_no_dns() -> None:
+    """HTTPServer looks the bound address up in reverse DNS, which stalls on a node whose resolver
+    does not answer; the endpoint must not."""
+    with mock.patch.object(socket, "getfqdn", side_effect=AssertionError("reverse DNS lookup")):
+        endpoint = MetricsEndpoint("127.0.0.1", 0)
+    assert endpoint.port > 0
+    endpoint.close()
