@@ -4,7 +4,10 @@
 but ``lookup`` resolves it, like ZFS's ``.zfs``. The names and the order files' format are the
 protocol of ``dlfs.core.protocol`` (documented in the README); this module serves them.
 
-Inode numbers start after the dataset's own, so they never collide with index rows.
+Inode numbers start after the dataset's own, so they never collide with index rows. Every lookup of
+``stats`` gives a snapshot of its own under a fresh inode: the kernel keeps one size per inode, and
+readers sharing one whose bytes changed under them got a snapshot cut short or padded with zeros
+(found by the soak test, 16 readers of ``stats`` at once).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ from dlfs.core.protocol import (
 MOUNT_ROOT = fmt.ROOT_ROW + 1
 #: Order files kept generated at once; each is up to a few tens of MB for ImageNet.
 ORDER_CACHE = 8
+#: Stats snapshots kept for the readers that looked them up; an older one is gone (ESTALE).
+STATS_SNAPSHOTS = 256
+#: Stats snapshots' inodes start this far past the control root, beyond any order file's.
+STATS_INODES = 1 << 40
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
@@ -49,33 +56,33 @@ class ControlTree:
         self._lock = threading.Lock()
         self.root = index.count + 1
         self.order_dir = self.root + 1
-        self.stats_file = self.root + 2
         self.config_file = self.root + 3
         self._first_order = self.root + 16
         self._order_keys: dict[tuple[int, int, int], int] = {}
         self._order_inodes: list[tuple[int, int, int]] = []
         self._contents: OrderedDict[int, tuple[Reading, bytes | None]] = OrderedDict()
         self._plain_names: bool | None = None
-        self._stats_snapshot = b"{}\n"
-        self._stats_time = time.time_ns()
+        self._snapshots: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
+        self._next_snapshot = self.root + STATS_INODES
         self._mounted_at = time.time_ns()
         self._files: np.ndarray | None = None
 
     def owns(self, inode: int) -> bool:
-        return self.root <= inode <= self.config_file or self.is_order(inode)
+        return self.root <= inode <= self.config_file or self.is_order(inode) or self.is_volatile(inode)
 
     def is_order(self, inode: int) -> bool:
         return 0 <= inode - self._first_order < len(self._order_inodes)
 
     def is_volatile(self, inode: int) -> bool:
-        """Whose attributes and bytes change while mounted (the kernel must not cache them)."""
-        return inode == self.stats_file
+        """A stats snapshot: the kernel must not cache its entry or attributes, so that every
+        open looks ``stats`` up again and gets a fresh one."""
+        return self.root + STATS_INODES <= inode < self._next_snapshot
 
     def entries(self, inode: int) -> list[tuple[bytes, int]]:
         if inode == self.root:
             return [
                 (ORDER_NAME, self.order_dir),
-                (STATS_NAME, self.stats_file),
+                (STATS_NAME, self.snapshot_stats()),
                 (CONFIG_NAME, self.config_file),
             ]
         return []
@@ -88,7 +95,9 @@ class ControlTree:
             up = {self.root: MOUNT_ROOT, self.order_dir: self.root}
             return parent if name == b"." else up.get(parent)
         if parent == self.root:
-            return dict(self.entries(self.root)).get(name)
+            if name == STATS_NAME:
+                return self.snapshot_stats()
+            return {ORDER_NAME: self.order_dir, CONFIG_NAME: self.config_file}.get(name)
         if parent != self.order_dir:
             return None
         key = parse_order_name(name)
@@ -102,23 +111,45 @@ class ControlTree:
     def attrs(self, inode: int) -> Attrs:
         if inode in (self.root, self.order_dir):
             return Attrs(DIR_MODE, 2, 0, 0, 0, 0, self._mounted_at)
-        if inode == self.stats_file:
-            return self._file_attrs(self._stats_snapshot, self._stats_time)
+        if self.is_volatile(inode):
+            return self._file_attrs(*self._snapshot(inode))
         return self._file_attrs(self.content(inode), self._mounted_at)
 
-    def refresh_stats(self) -> None:
-        """Take a new stats snapshot. Called on LOOKUP only (every open walks the path: the entry
-        timeout is 0), so the GETATTR and READs of one open all see the same bytes and size."""
-        self._stats_snapshot = (json.dumps(self._stats(), indent=2, sort_keys=True) + "\n").encode()
-        self._stats_time = time.time_ns()
+    def snapshot_stats(self) -> int:
+        """Take a stats snapshot and return its new inode. Called on LOOKUP (every open walks the
+        path: the entry timeout is 0), so the GETATTR and READs of one open see the same bytes and
+        size whatever other readers look up meanwhile. Called in the event loop, which owns the
+        counters."""
+        inode = self._next_snapshot
+        self._next_snapshot += 1
+        data = (json.dumps(self._stats(), indent=2, sort_keys=True) + "\n").encode()
+        with self._lock:
+            self._snapshots[inode] = (data, time.time_ns())
+            if len(self._snapshots) > STATS_SNAPSHOTS:
+                self._snapshots.popitem(last=False)
+        return inode
+
+    def _snapshot(self, inode: int) -> tuple[bytes, int]:
+        """(bytes, mtime) of a stats snapshot; LookupError once it has made way for newer ones."""
+        with self._lock:
+            found = self._snapshots.get(inode)
+        if found is None:
+            raise LookupError(f"stats snapshot {inode} is gone")
+        return found
+
+    def forget(self, inodes: list[int]) -> None:
+        """Drop the snapshots the kernel no longer references."""
+        with self._lock:
+            for inode in inodes:
+                self._snapshots.pop(inode, None)
 
     @staticmethod
     def _file_attrs(data: bytes, mtime_ns: int) -> Attrs:
         return Attrs(FILE_MODE, 1, 0, 0, len(data), stat_blocks(len(data)), mtime_ns)
 
     def content(self, inode: int) -> bytes:
-        if inode == self.stats_file:
-            return self._stats_snapshot
+        if self.is_volatile(inode):
+            return self._snapshot(inode)[0]
         if inode == self.config_file:
             return (json.dumps(self.config(), indent=2, sort_keys=True) + "\n").encode()
         text = self._order(inode, text=True)[1]

@@ -117,8 +117,12 @@ class DlfsOperations(pyfuse3.Operations):
 
     async def _control_entry(self, inode: int) -> EntryAttributes:
         """Control entries are re-resolved on every path walk (entry timeout 0): resolving an order
-        file is how a reader announces itself. Stats also expire at once, so each read is fresh."""
-        attrs = await trio.to_thread.run_sync(self.control.attrs, inode)
+        file is how a reader announces itself. Stats also expire at once, so each read is fresh; a stats
+        snapshot gone since answers ESTALE."""
+        try:
+            attrs = await trio.to_thread.run_sync(self.control.attrs, inode)
+        except LookupError as exc:
+            raise pyfuse3.FUSEError(errno.ESTALE) from exc
         return self._attributes(inode, attrs, 0, 0 if self.control.is_volatile(inode) else CACHE_TIMEOUT)
 
     @staticmethod
@@ -182,8 +186,6 @@ class DlfsOperations(pyfuse3.Operations):
                 self.prefetcher.activate(reading)
                 if self.native is not None:
                     self.native.watch_reads()  # the read-ahead follows the reader by its READs
-        if self.control.is_volatile(inode):
-            self.control.refresh_stats()
         return await self._control_entry(inode)
 
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:
@@ -309,7 +311,10 @@ class DlfsOperations(pyfuse3.Operations):
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
         self.requests["read"] += 1
         if self.control.owns(fh):
-            return await trio.to_thread.run_sync(self.control.read, fh, off, size)
+            try:
+                return await trio.to_thread.run_sync(self.control.read, fh, off, size)
+            except LookupError as exc:
+                raise pyfuse3.FUSEError(errno.ESTALE) from exc
         row = self._check(fh)
         if not self.index.is_file(row):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
@@ -339,6 +344,7 @@ class DlfsOperations(pyfuse3.Operations):
         if not inode_list:
             return
         self.requests["forget"] += len(inode_list)
+        self.control.forget([inode for inode, _ in inode_list if self.control.is_volatile(inode)])
         rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
         rows = rows[(rows >= 0) & (rows < self.index.count)]
         folders = self.known.forgotten(rows)

@@ -16,6 +16,7 @@ from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec, epoch_order
 from dlfs.core.protocol import escape, parse_order, unescape
 from dlfs.core.store import LocalStore
+from dlfs.fuse.control import ControlTree
 
 
 def _lines(path: Path) -> list[str]:
@@ -117,3 +118,22 @@ def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed: Path, odd_tree: Pa
         lines = [json.loads(line) for line in watching.communicate(timeout=10)[0].splitlines()]
         assert len(lines) >= 4 and sum(line["reads_per_s"] for line in lines) > 0
     assert_one_line_error(dlfs("stats", odd_tree, check=False), "not a dlfs mount")
+
+
+def test_each_lookup_of_stats_gets_a_snapshot_of_its_own_until_forgotten(packed: Path) -> None:
+    """The kernel keeps one size per inode: readers sharing one stats inode whose bytes changed
+    under them read a snapshot cut short or padded with zeros (the soak test's 16 readers of
+    stats did). So every lookup gets a fresh inode, whose bytes and size stay as they were."""
+    calls = iter(range(1000))
+    control = ControlTree(Index.load(LocalStore(packed)), OrderSpec(), lambda: {"n": "x" * next(calls)})
+    first = control.lookup(control.root, b"stats")
+    second = control.lookup(control.root, b"stats")
+    assert first != second and control.is_volatile(first) and control.is_volatile(second)
+    for inode, n in ((first, 0), (second, 1)):
+        content = control.read(inode, 0, 1 << 20)
+        assert json.loads(content) == {"n": "x" * n}
+        assert control.attrs(inode).size == len(content)
+    control.forget([first])
+    with pytest.raises(LookupError):
+        control.read(first, 0, 1 << 20)
+    assert json.loads(control.read(second, 0, 1 << 20)) == {"n": "x"}
