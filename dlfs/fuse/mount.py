@@ -113,9 +113,12 @@ def still_mounted(mount: int, wait: float) -> bool:
 
 
 def is_stale(mnt: str | os.PathLike[str]) -> bool:
-    """A FUSE mount whose daemon is gone: the kernel answers every request on it with ENOTCONN."""
+    """A FUSE mount whose daemon is gone: the kernel answers every request on it with ENOTCONN.
+
+    Asked with STATFS, which the kernel always sends: a stat is answered from the root's cached
+    attributes, so a mount whose readers had walked it looked alive after its daemon was killed."""
     try:
-        os.stat(mnt)
+        os.statvfs(mnt)
     except OSError as exc:
         return exc.errno == errno.ENOTCONN
     return False
