@@ -3,7 +3,9 @@
 A READ waiting for the disk must hold up no other request, so storage reads run in threads (at most
 ``--threads`` at once); concurrent READs of one file share one fetch. A small file whose bytes are
 all in the page cache is the exception: it is read in the event loop, where the hop to a thread and
-back cost more than the read itself.
+back cost more than the read itself. A file whose fetch the store gave up on (``--store-timeout``)
+fails at once for a moment after: the kernel follows a failed read-ahead READ with a READ of the
+page itself straight away, and a reader's ``read`` waited two or three whole timeouts for its EIO.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import numpy as np
 import trio
 
 from dlfs.core.cache import PayloadCache
-from dlfs.core.errors import DlfsError
+from dlfs.core.errors import DlfsError, StoreError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
 from dlfs.core.store import Store
 
 T = TypeVar("T")
+
+#: Seconds a file's store failure is answered again without asking the store.
+STORE_FAILURE_HOLD = 1.0
 
 
 class TrioReader(Reader):
@@ -31,6 +36,8 @@ class TrioReader(Reader):
         super().__init__(index, store, cache)
         self._limiter = trio.CapacityLimiter(max_threads)
         self._inflight: dict[int, _Pending] = {}
+        #: Rows whose fetch the store gave up on: (when, the error), kept for STORE_FAILURE_HOLD.
+        self._failed: dict[int, tuple[float, StoreError]] = {}
         self._verified = np.zeros(index.count, dtype=bool)
         #: READs that waited for storage (a thread's fetch), and for how long in all.
         self.storage_waits = 0
@@ -47,6 +54,9 @@ class TrioReader(Reader):
             self.storage_wait_seconds += time.perf_counter() - started
 
     async def _shared(self, row: int, work: Callable[[int], T]) -> T:
+        failed = self._failed.get(row)
+        if failed is not None and time.monotonic() - failed[0] < STORE_FAILURE_HOLD:
+            raise failed[1]
         pending = self._inflight.get(row)
         if pending is None:
             pending = self._inflight[row] = _Pending()
@@ -54,6 +64,8 @@ class TrioReader(Reader):
                 pending.result = await trio.to_thread.run_sync(work, row, limiter=self._limiter)
             except Exception as exc:
                 pending.error = exc
+                if isinstance(exc, StoreError):
+                    self._remember_failure(row, exc)
             finally:
                 del self._inflight[row]
                 pending.done.set()
@@ -62,6 +74,12 @@ class TrioReader(Reader):
         if pending.error is not None:
             raise pending.error
         return pending.result
+
+    def _remember_failure(self, row: int, error: StoreError) -> None:
+        now = time.monotonic()
+        if len(self._failed) >= 1024:  # a store down for long: keep only the recent failures
+            self._failed = {r: f for r, f in self._failed.items() if now - f[0] < STORE_FAILURE_HOLD}
+        self._failed[row] = (now, error)
 
     async def read(self, row: int, offset: int, size: int) -> bytes:
         try:

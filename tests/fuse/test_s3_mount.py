@@ -7,12 +7,18 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import xxhash
 from conftest import SMALL_SHARD, find_listing, use_s3, wait_until
 from test_metrics import free_port, scrape, value
+from test_mount import _daemon_of
+from test_soak import PeakRss, counts, finish_readers, start_readers
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core.protocol import order_path, parse_order
@@ -203,3 +209,97 @@ def _readable(path: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+class SilentProxy:
+    """A TCP relay in front of the S3 server that can fall silent: it then still accepts
+    connections, and answers nothing on them or on those already open, as a hung server or a
+    black-holed route does."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.speaking = threading.Event()
+        self.speaking.set()
+        self._sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            self._sockets.append(client)
+            self.speaking.wait()  # silent: the connection stays open and unread
+            upstream = socket.create_connection(self.target)
+            self._sockets.append(upstream)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+
+    def _relay(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                self.speaking.wait()  # silent: what arrives is held, nothing is passed on
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.speaking.set()
+        for sock in self._sockets:
+            sock.close()
+
+
+@pytest.fixture
+def silent_proxy(s3_server: SeaweedServer) -> Iterator[SilentProxy]:
+    proxy = SilentProxy((s3_server.ip, s3_server.port))
+    yield proxy
+    proxy.close()
+
+
+def test_a_store_that_accepts_but_never_answers_gives_eio_after_the_timeout_in_bounded_memory(
+    tmp_path: Path, s3: str, silent_proxy: SilentProxy, mount
+) -> None:
+    """16 readers (4 processes of 4 threads) against a store that has gone silent for 10 s: each
+    read fails with EIO once ``--store-timeout`` has passed, none hangs, and the daemon's memory
+    and threads stay bounded; reads come back when the store answers again."""
+    url = f"{s3}/silent"
+    src = _classes(tmp_path / "src", classes=4, per_class=50)
+    pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
+    expected = {
+        str(p.relative_to(src)): [p.stat().st_size, xxhash.xxh3_64_hexdigest(p.read_bytes())]
+        for p in src.rglob("*.JPEG")
+    }
+    (tmp_path / "expected.json").write_text(json.dumps(expected))
+    timeout = 2.0
+    flags = ("--endpoint-url", silent_proxy.endpoint, "--store-timeout", str(timeout), "--cache-size", "0")
+    with mount(url, *flags, "--prefetch-budget", "0") as mnt:
+        pid = _daemon_of(mnt)
+        first = next(iter(expected))
+        assert (mnt / first).read_bytes() == (src / first).read_bytes()
+        before = _rss(pid), counts(pid)[1]
+        silent_proxy.speaking.clear()
+        jobs = [[{"role": "random", "seed": 4 * p + t} for t in range(4)] for p in range(4)]
+        with PeakRss(pid) as rss:
+            readers = start_readers(
+                mnt, tmp_path / "expected.json", tmp_path / "work", jobs, deadline=time.time() + 10
+            )
+            results = finish_readers(readers, 10 + 4 * timeout + 15)  # a reader still blocked fails here
+            threads = counts(pid)[1]
+        for result in results:
+            # Only a file still in the kernel's cache (the one read above) is read without the store.
+            assert result["mismatches"] == 0 and set(result["errnos"]) == {str(errno.EIO)}, result
+            # Not two or three timeouts: the kernel's retry of a failed READ is answered at once.
+            assert timeout <= result["slowest_error"] < timeout + 2, result
+        assert rss.peak - before[0] < 64 << 20, (rss.peak, before)
+        assert threads <= before[1] + 16 + 64, (threads, before)  # storage threads, hinted GETs' pool
+        silent_proxy.speaking.set()
+        assert wait_until(lambda: all(_readable(mnt / relpath) for relpath in expected), 30)
+        _same_tree(src, mnt)
+
+
+def _rss(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
