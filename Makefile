@@ -112,7 +112,7 @@ bench-s3: install
 	$(BIN)/python tools/bench_s3.py --json > docs/bench-s3.json
 	$(BIN)/python tools/bench_s3.py --rate-mbit 5000 --rtt-ms 30 --json > docs/bench-s3-fast.json
 
-# Pack-time resize (issue 23): bytes and pack time, then ImageFolder epochs over native, plain and resized.
+# Pack-time resize: bytes and pack time, then ImageFolder epochs over native, plain and resized.
 bench-transform: install
 	$(BIN)/python tools/bench_transform.py --spec resize:256 resize:256,quality=75 --repeat 5 --json \
 		> docs/bench-transform.json

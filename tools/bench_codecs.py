@@ -27,21 +27,16 @@ QUALITY = 90
 CODECS = ("Pillow", "Pillow-SIMD", "simplejpeg", "PyTurboJPEG")
 
 
-def _target(width: int, height: int, short: int) -> tuple[int, int]:
-    scale = short / min(width, height)
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
 def _resize(pixels: np.ndarray, short: int) -> np.ndarray:
     from PIL import Image
 
     image = Image.fromarray(pixels)
-    size = _target(*image.size, short)
+    size = images.target_size(*image.size, short)
     return np.asarray(image.resize(size, Image.Resampling.BICUBIC, reducing_gap=images.REDUCING_GAP))
 
 
 def _gap(width: int, height: int, short: int) -> tuple[int, int]:
-    target = _target(width, height, short)
+    target = images.target_size(width, height, short)
     return int(target[0] * images.REDUCING_GAP), int(target[1] * images.REDUCING_GAP)
 
 

@@ -56,6 +56,12 @@ def codec_version() -> str:
     return f"{name} {Image.__version__}" + (f", libjpeg-turbo {turbo}" if turbo else "")
 
 
+def target_size(width: int, height: int, short: int) -> tuple[int, int]:
+    """The size with a short side of ``short`` and the aspect of ``width`` x ``height``."""
+    scale = short / min(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
 def resize(data: bytes, short: int, quality: int) -> bytes | Kept:
     """A JPEG whose short side exceeds ``short``, scaled down to it (aspect kept, bicubic after a
     DCT-domain reduction) and encoded as a baseline JPEG of ``quality``, 4:2:0: the layout that
@@ -70,8 +76,7 @@ def resize(data: bytes, short: int, quality: int) -> bytes | Kept:
         width, height = image.size
         if min(width, height) <= short:
             return Kept.FITS
-        scale = short / min(width, height)
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        size = target_size(width, height, short)
         info = dict(image.info)
         image.draft(None, (int(size[0] * REDUCING_GAP), int(size[1] * REDUCING_GAP)))
         resized = image.resize(size, Image.Resampling.BICUBIC, reducing_gap=REDUCING_GAP)
