@@ -137,16 +137,18 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     )
     if not args.foreground:
         started = time.monotonic()
-        pid, log_file = spawn(args.argv, args.mountpoint, options, args.ready_timeout)
+        pid, log_file, notes = spawn(args.argv, args.mountpoint, options, args.ready_timeout)
+        for note in notes:  # stderr even with --log-file: the daemon's log holds them too
+            print(f"dlfs: warning: {note}", file=sys.stderr)
         print(
             f"mounted {args.dataset} on {args.mountpoint} in {time.monotonic() - started:.2f} s "
             f"(daemon pid {pid}, log {log_file}); order seed {args.seed}, mode {args.order}"
         )
         return 0
 
-    def ready() -> None:
+    def ready(notes: list[str]) -> None:
         if args.ready_fd is not None:
-            os.write(args.ready_fd, b"ok\n")
+            os.write(args.ready_fd, "".join(f"{line}\n" for line in ["ok", *notes]).encode())
             os.close(args.ready_fd)
         if args.systemd:
             _notify_systemd()

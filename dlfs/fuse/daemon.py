@@ -5,6 +5,7 @@ Run in the foreground by ``dlfs mount``'s child process or directly under system
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
+from dlfs.core import memory
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import MountError
 from dlfs.core.index import Index
@@ -34,6 +36,7 @@ from dlfs.fuse.mount import MountOptions, check_allow_other, check_mountpoint, m
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.reads import TrioReader
+from dlfs.readahead.buffers import REUSED_BUFFER
 from dlfs.readahead.engine import Prefetcher
 
 if TYPE_CHECKING:  # imported when --metrics-port asks for it
@@ -119,8 +122,9 @@ async def _terminate_on_signal() -> None:
             return
 
 
-def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], None]) -> None:
-    """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live."""
+def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[str]], None]) -> None:
+    """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live,
+    with the warnings the user should see (budgets clamped to the memory available)."""
     started = time.monotonic()
     store = open_store(dataset, random_access=True, options=options.store)
     log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
@@ -132,6 +136,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)
     check_allow_other(options.allow_other)
+    options, notes = _fit_memory(options, store)
     # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
     # cache, so the cache holds its budget on top of what demand reads get.
     cache = PayloadCache(options.cache_size + options.prefetch_budget)
@@ -204,7 +209,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
     clean = False
     try:
         try:
-            ready()
+            ready(notes)
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
@@ -219,6 +224,28 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[], Non
             native.close()
         store.close()
     log.info("unmounted %s", mnt)
+
+
+def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list[str]]:
+    """The budgets and batches in flight fitted to the memory the daemon may take now
+    (``dlfs.core.memory``): clamped with a warning, or the mount refused. Asked once the index is
+    loaded, so that it is counted among what is used."""
+    buffer = REUSED_BUFFER
+    if isinstance(store.inner if isinstance(store, CachedStore) else store, S3Store):
+        buffer *= 2  # a batch's hinted GETs land beside its buffer
+    fitted = memory.fit(
+        options.cache_size, options.prefetch_budget, options.prefetch_inflight, buffer, memory.available()
+    )
+    if fitted.note is None:
+        return options, []
+    log.warning("%s", fitted.note)
+    options = dataclasses.replace(
+        options,
+        cache_size=fitted.cache_size,
+        prefetch_budget=fitted.prefetch_budget,
+        prefetch_inflight=fitted.prefetch_inflight,
+    )
+    return options, [fitted.note]
 
 
 def _metrics_endpoint(options: MountOptions) -> MetricsEndpoint | None:

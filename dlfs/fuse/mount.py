@@ -174,8 +174,9 @@ def default_log_file(mnt: str) -> Path:
 
 def spawn(
     argv: list[str], mnt: str, options: MountOptions, ready_timeout: float = READY_TIMEOUT
-) -> tuple[int, Path]:
-    """Start the daemon in the background; return (pid, log file) once the mount is live.
+) -> tuple[int, Path, list[str]]:
+    """Start the daemon in the background; return (pid, log file, the daemon's warnings for the
+    user) once the mount is live.
 
     ``argv`` is this command's own argument list: the child re-runs it in the foreground, so every
     flag reaches the daemon without being spelled out twice. A daemon not ready after
@@ -211,7 +212,7 @@ def spawn(
             "if the dataset is on slow storage, pass --ready-timeout with more seconds"
         )
     if message.startswith("ok"):
-        return child.pid, log_file
+        return child.pid, log_file, message.splitlines()[1:]
     if not message:
         try:
             code = child.wait(timeout=5)

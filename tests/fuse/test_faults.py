@@ -1,0 +1,224 @@
+"""Faults under load: the daemon killed while 16 readers are mid-read, an unmount asked for while
+reads are in flight, and the mount's memory budgets against the memory the daemon may take (the
+machine's, or a cgroup's limit). Readers run in processes (``soak_reader.py``) with timeouts, so a
+hang fails the test instead of stalling it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import (
+    DLFS,
+    assert_one_line_error,
+    dlfs,
+    force_unmount,
+    is_mounted,
+    mount_pid,
+    mounted,
+    pid_alive,
+    wait_until,
+)
+from test_mount import _daemon_of
+from test_soak import finish_readers, pack_soak_dataset, start_readers
+
+from dlfs.core import memory
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def soak_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return pack_soak_dataset(tmp_path_factory.mktemp("faults"))
+
+
+def _reads_answered(mnt: Path) -> int:
+    stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+    return stats["requests"].get("read", 0) + ((stats.get("native") or {}).get("answered", {}).get("read", 0))
+
+
+def _reading(mnt: Path, reads: int) -> bool:
+    """The readers are under way: ``reads`` more READs reached the daemon since they started."""
+    start = _reads_answered(mnt)
+    return wait_until(lambda: _reads_answered(mnt) >= start + reads, 30)
+
+
+def test_sigkill_with_16_readers_mid_read_fails_each_at_once_and_a_new_mount_recovers(
+    soak_dataset: tuple[Path, Path], tmp_path: Path
+) -> None:
+    dataset, expected = soak_dataset
+    work = tmp_path / "work"
+    died_at = work / "died-at"
+    with mounted(dataset, tmp_path / "mnt") as mnt:
+        pid = _daemon_of(mnt)
+        jobs = [[{"role": "until-error", "seed": 4 * p + t} for t in range(4)] for p in range(4)]
+        readers = start_readers(mnt, expected, work, jobs, died_at=str(died_at))
+        assert _reading(mnt, 500)
+        (work / "died-at.tmp").write_text(repr(time.time()))
+        (work / "died-at.tmp").rename(died_at)
+        os.kill(pid, signal.SIGKILL)
+        results = finish_readers(readers, 30)  # a reader still blocked then fails the test
+        assert len(results) == 16
+        for result in results:
+            assert result["files"] > 0 and result["mismatches"] == 0, result
+            # ECONNABORTED: the kernel's answer to a request in flight when the connection died.
+            assert result["errno"] in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO), result
+            assert result["after_death"] < 5, result
+        again = dlfs("mount", dataset, mnt, "--log-file", tmp_path / "again.log")
+        try:
+            assert "whose daemon died" in (tmp_path / "again.log").read_text()
+            for relpath, (size, _) in list(json.loads(expected.read_text()).items())[:50]:
+                assert (mnt / relpath).stat().st_size == size
+            survivors = start_readers(
+                mnt, expected, tmp_path / "again", [[{"role": "random", "seed": 7}]], deadline=time.time() + 3
+            )
+            assert finish_readers(survivors, 30)[0]["error_count"] == 0
+        finally:
+            dlfs("umount", mnt)
+            assert wait_until(lambda: not pid_alive(mount_pid(again)), 15)
+
+
+def test_umount_while_reads_are_in_flight_is_refused_busy_and_lazy_detaches(
+    soak_dataset: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """16 reader threads in 4 processes keep files open: a plain unmount is refused within a few
+    seconds in one line naming them; ``--lazy`` detaches at once, reads of files already open
+    finish with the right bytes, new opens find the empty mountpoint (ENOENT), and the daemon
+    exits once the last file is closed. Nothing hangs."""
+    dataset, expected = soak_dataset
+    with mounted(dataset, tmp_path / "mnt") as mnt:
+        pid = _daemon_of(mnt)
+        jobs = [[{"role": "random", "seed": 4 * p + t} for t in range(4)] for p in range(4)]
+        readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 20)
+        assert _reading(mnt, 500)
+        started = time.monotonic()
+        busy = dlfs("umount", mnt, check=False, timeout=30)
+        assert_one_line_error(busy, "busy", "--lazy", "used by pid", "(python")
+        assert time.monotonic() - started < 10
+        assert is_mounted(mnt)
+        started = time.monotonic()
+        dlfs("umount", "--lazy", mnt, timeout=30)
+        assert time.monotonic() - started < 5 and not is_mounted(mnt)
+        results = finish_readers(readers, 60)
+        for result in results:
+            assert result["files"] > 0 and result["mismatches"] == 0, result
+            assert set(result.get("errnos", {})) <= {str(errno.ENOENT)}, result
+        assert wait_until(lambda: not pid_alive(pid), 15), "the daemon outlived its lazily unmounted mount"
+
+
+def test_budgets_larger_than_the_machine_are_clamped_at_mount_with_one_line(
+    soak_dataset: tuple[Path, Path], tmp_path: Path
+) -> None:
+    dataset, _ = soak_dataset
+    huge = memory.available().bytes * 4
+    log_file = tmp_path / "mnt.log"
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = dlfs("mount", dataset, mnt, "--log-file", log_file, "--cache-size", str(huge))
+    try:
+        warnings = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(warnings) == 1 and "--cache-size" in warnings[0] and "MemAvailable" in warnings[0], (
+            warnings
+        )
+        assert warnings[0].split("dlfs: warning: ")[1] in log_file.read_text()
+        cache = json.loads((mnt / ".dlfs" / "stats").read_bytes())["cache"]
+        assert 0 < cache["budget"] <= memory.available().bytes, cache
+    finally:
+        dlfs("umount", mnt)
+        assert wait_until(lambda: not pid_alive(mount_pid(result)), 15)
+
+
+#: The memory limit of the daemon's cgroup: its default budgets (768 MiB) and read buffers
+#: (128 MiB) would take it several times over.
+CGROUP_LIMIT = 256 << 20
+
+
+def _memory_hierarchy() -> tuple[Path, str, str] | None:
+    """Where to make a memory cgroup here: (parent, limit file, OOM events file). cgroup v2 where
+    its root hands children the memory controller, else the v1 memory hierarchy (this machine's)."""
+    root = Path("/sys/fs/cgroup")
+    if "memory" in _text(root / "cgroup.subtree_control").split():
+        return root, "memory.max", "memory.events"
+    if (root / "memory" / "cgroup.procs").exists():
+        return root / "memory", "memory.limit_in_bytes", "memory.oom_control"
+    return None
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[tuple[Path, str]]:
+    """A memory cgroup of this test's own, limited to ``CGROUP_LIMIT``: (its folder, its OOM events
+    file). Removed once its processes are gone."""
+    hierarchy = _memory_hierarchy()
+    if os.geteuid() != 0 or hierarchy is None:
+        pytest.skip("needs root and a cgroup memory controller (v1, or v2 with memory delegated)")
+    parent, limit, events = hierarchy
+    group = parent / f"dlfs-test-{uuid.uuid4().hex[:12]}"
+    group.mkdir()
+    try:
+        (group / limit).write_text(str(CGROUP_LIMIT))
+        yield group, events
+    finally:
+        assert wait_until(lambda: not _text(group / "cgroup.procs").strip(), 15)
+        group.rmdir()
+
+
+def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_killed(
+    soak_dataset: tuple[Path, Path], tmp_path: Path, memory_cgroup: tuple[Path, str]
+) -> None:
+    """The daemon runs in a cgroup of 256 MiB with its default budgets: it says it clamped them,
+    then serves 16 readers for 15 s, in two published orders and at random, every READ through
+    Python and its payload cache (``--native-threads 0``, so that the cache fills), without an
+    error, a wrong byte or an OOM kill."""
+    dataset, expected = soak_dataset
+    group, events = memory_cgroup
+    mnt, log_file = tmp_path / "mnt", tmp_path / "mnt.log"
+    mnt.mkdir()
+    command = [*DLFS, "-q", "mount", dataset, mnt, "--log-file", log_file, "--native-threads", "0"]
+    enter = f'echo $$ > {group}/cgroup.procs && exec "$@"'  # the daemon, its child, stays in
+    result = subprocess.run(
+        ["sh", "-c", enter, "sh", *map(str, command)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    pid = mount_pid(result)
+    try:
+        warnings = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(warnings) == 1 and f"cgroup {group}" in warnings[0], warnings
+        assert str(pid) in _text(group / "cgroup.procs").split()
+        jobs = [
+            [
+                {"role": "order", "epoch": 0, "world": 1, "rank": 0, "worker": p, "workers": 4},
+                {"role": "order", "epoch": 1, "world": 1, "rank": 0, "worker": p, "workers": 4},
+                {"role": "random", "seed": 2 * p},
+                {"role": "random", "seed": 2 * p + 1},
+            ]
+            for p in range(4)
+        ]
+        readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 15)
+        results = finish_readers(readers, 90)
+        assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
+        assert sum(r["files"] for r in results) > 1000
+        assert pid_alive(pid)
+        assert re.search(r"^oom_kill 0$", _text(group / events), re.MULTILINE), _text(group / events)
+        cache = json.loads((mnt / ".dlfs" / "stats").read_bytes())["cache"]
+        assert cache["budget"] < CGROUP_LIMIT // 4, cache
+    finally:
+        force_unmount(mnt)
+        if not wait_until(lambda: not pid_alive(pid), 15):
+            os.kill(pid, signal.SIGKILL)
+        assert "Traceback" not in log_file.read_text()
