@@ -487,7 +487,8 @@ def bigindex(data: Json | None) -> list[str]:
         "(the index read, checksummed and checked row by row; warm, and after dropping the page cache), "
         "the daemon's RSS after mounting and after 20,000 `stat`s of random files (of which anonymous; "
         "the rest are the index's pages, mapped from the page cache, which the kernel reclaims under "
-        "pressure), and the latency of those `stat`s.",
+        "pressure), and the latency of those `stat`s (each a LOOKUP of a file the kernel has not seen, in a "
+        "folder it has).",
         "",
     ]
     mib = 1 << 20
