@@ -512,6 +512,36 @@ def bigindex(data: Json | None) -> list[str]:
     return [*out, ""]
 
 
+def packmem(data: Json | None) -> list[str]:
+    out = ["## pack's memory at 1.28 M and 14.2 M files (`make bench-packmem`)", ""]
+    if not data:
+        return out + _missing("bench-packmem", "bench-packmem.json")
+    out += [
+        "`dlfs pack --no-sync` of a dlfs mount of each `bench-bigindex` dataset (ImageNet-like names in "
+        "class folders, 16 bytes a file; a tree of 14.2 M real files would need as many inodes), each "
+        "file walked and read through FUSE: pack's peak RSS (`wait4`'s `ru_maxrss`), wall time and the "
+        "index it wrote. The per-file columns live in files of a temporary folder beside the shards "
+        "(design.md, *Pack's memory*).",
+        "",
+    ]
+    mib = 1 << 20
+    rows = [
+        [
+            shape,
+            order,
+            f"{r['files']:,}",
+            f"{r['peak_rss'] / mib:,.0f}",
+            f"{r['pack_s']:,.0f}",
+            f"{r['files_per_s']:,.0f}",
+            f"{r['index_bytes'] / mib:,.0f}",
+        ]
+        for shape, orders in data.items()
+        for order, r in orders.items()
+    ]
+    header = ["shape", "placement", "files", "peak RSS MiB", "pack s", "files/s", "index MiB"]
+    return [*out, *_table(header, rows), ""]
+
+
 def s3(data: Json | None, name: str) -> list[str]:
     if not data:
         return ["## A dataset in S3 (`make bench-s3`)", "", *_missing("bench-s3", name)]
@@ -631,6 +661,7 @@ TARGETS: list[tuple[str, str, str]] = [
         "`bench-transform.json`",
     ),
     ("bench-bigindex", "`tools/bench_bigindex.py`", "`bench-bigindex.json`"),
+    ("bench-packmem", "`tools/bench_packmem.py`", "`bench-packmem.json`"),
     ("bench-report", "`tools/bench_report.py`", "`benchmarks.md` (this page)"),
 ]
 
@@ -657,6 +688,7 @@ def render() -> str:
         lambda: s3(_load("bench-s3-fast.json"), "bench-s3-fast.json"),
         lambda: transform(_load("bench-transform.json")),
         lambda: bigindex(_load("bench-bigindex.json")),
+        lambda: packmem(_load("bench-packmem.json")),
     ]
     lines = [
         "# Benchmarks",

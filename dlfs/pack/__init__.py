@@ -2,6 +2,5 @@
 
 from dlfs.pack.options import DEFAULT_JOBS, PackOptions, PackSummary
 from dlfs.pack.packer import pack
-from dlfs.pack.placement import placement_order
 
-__all__ = ["DEFAULT_JOBS", "PackOptions", "PackSummary", "pack", "placement_order"]
+__all__ = ["DEFAULT_JOBS", "PackOptions", "PackSummary", "pack"]

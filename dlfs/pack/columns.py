@@ -1,90 +1,181 @@
-"""Index columns: where the write loop put each file, turned into the arrays the index stores."""
+"""Index columns: where the write loop put each file, merged with the walk's rows into the
+sections of the index, a chunk of rows at a time (``format.write_index`` writes them as they come).
+
+Files that failed to read (with ``--skip-errors``) are dropped here, and the rows after them
+renumbered; only directories can be parents, so only their new numbers are held.
+"""
 
 from __future__ import annotations
 
 import stat
 from array import array
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 
 import numpy as np
 
 from dlfs.core import format as fmt
 from dlfs.pack.pipeline import Payload
+from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
 
+#: Placements held before they are scattered into the column files.
+PLACED_BUFFER = 1 << 12
+#: Rows read at a time while the index is written.
+ROWS_CHUNK = 1 << 16
+#: Where each file went, per row, and its type code.
+PLACED_COLUMNS = {"shard": "I", "offset": "Q", "stored": "Q", "checksum": "Q", "flags": "B", "placed": "B"}
 
-@dataclass
+
 class Placed:
-    """Where the write loop put each file, in typed arrays (45 bytes a file)."""
+    """Where the write loop put each file, scattered by row into column files of the ``Spill``
+    (plus the stored size, into the walk's ``size`` column), PLACED_BUFFER files at a time."""
 
-    rows: array[int] = field(default_factory=lambda: array("q"))
-    size: array[int] = field(default_factory=lambda: array("Q"))
-    shard: array[int] = field(default_factory=lambda: array("I"))
-    offset: array[int] = field(default_factory=lambda: array("Q"))
-    stored: array[int] = field(default_factory=lambda: array("Q"))
-    checksum: array[int] = field(default_factory=lambda: array("Q"))
-    flags: array[int] = field(default_factory=lambda: array("B"))
+    def __init__(self, tree: Tree, spill: Spill) -> None:
+        self.tree = tree
+        self.columns = {
+            name: spill.column(name, np.dtype(code), len(tree)) for name, code in PLACED_COLUMNS.items()
+        }
+        self.count = 0
+        self._rows, self._size = array("q"), array("Q")
+        self._values = {name: array(code) for name, code in PLACED_COLUMNS.items() if name != "placed"}
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.count
 
     def add(self, row: int, payload: Payload, shard: int, offset: int, stored: int) -> None:
-        self.rows.append(row)
-        self.size.append(payload.size)
-        self.shard.append(shard)
-        self.offset.append(offset)
-        self.stored.append(stored)
-        self.checksum.append(payload.checksum)
-        self.flags.append(payload.flags)
+        self._rows.append(row)
+        self._size.append(payload.size)
+        values = self._values
+        values["shard"].append(shard)
+        values["offset"].append(offset)
+        values["stored"].append(stored)
+        values["checksum"].append(payload.checksum)
+        values["flags"].append(payload.flags)
+        self.count += 1
+        if len(self._rows) >= PLACED_BUFFER:
+            self.flush()
 
-    def column(self, name: str) -> np.ndarray:
-        column = getattr(self, name)
-        return np.frombuffer(column, dtype=np.dtype(column.typecode))
+    def flush(self) -> None:
+        rows = np.array(self._rows, dtype=np.int64)
+        self.tree.columns["size"].scatter(rows, np.array(self._size, dtype=np.uint64))
+        for name, values in self._values.items():
+            self.columns[name].scatter(rows, np.array(values, dtype=self.columns[name].dtype))
+            del values[:]
+        self.columns["placed"].scatter(rows, np.ones(len(rows), dtype=np.uint8))
+        del self._rows[:], self._size[:]
 
-
-def _columns(tree: Tree, placed: Placed) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Index columns for every walked row, and which rows to keep (files that failed are dropped)."""
-    count = len(tree)
-    mode = tree.column("mode")
-    columns = {name: tree.column(name) for name in ("mode", "uid", "gid", "mtime")}
-    columns["size"] = tree.column("size").copy()  # the stored size replaces the walk's below
-    for name in ("shard", "offset", "stored", "checksum", "flags"):
-        columns[name] = np.zeros(count, dtype=placed.column(name).dtype)
-    rows = placed.column("rows")
-    for name in ("size", "shard", "offset", "stored", "checksum", "flags"):
-        columns[name][rows] = placed.column(name)
-    keep = (mode & fmt.TYPE_MASK) != stat.S_IFREG
-    keep[rows] = True
-    return columns, keep
-
-
-def _names(tree: Tree, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The names blob and its offsets (with an end fence) for the rows kept."""
-    ends = tree.column("name_end")
-    if keep.all():
-        name_off = np.zeros(len(ends) + 1, dtype=np.uint64)
-        name_off[1:] = ends
-        return name_off, np.frombuffer(tree.names, dtype=np.uint8)
-    kept = [tree.name(row) for row in np.flatnonzero(keep).tolist()]  # only after --skip-errors
-    name_off = np.zeros(len(kept) + 1, dtype=np.uint64)
-    np.cumsum([len(n) for n in kept], out=name_off[1:])
-    return name_off, np.frombuffer(b"".join(kept), dtype=np.uint8)
+    def place_links(self) -> None:
+        """Point each symlink's ``offset`` and ``stored`` at its target in the ``links`` blob."""
+        tree = self.tree
+        for start, stop in tree.link_rows.chunks(ROWS_CHUNK):
+            rows = tree.link_rows.read(start, stop).astype(np.int64)
+            ends = tree.link_end.read(max(start - 1, 0), stop)
+            starts = ends[:-1] if start else np.concatenate([np.zeros(1, dtype=np.uint64), ends[:-1]])
+            ends = ends[1:] if start else ends
+            self.columns["offset"].scatter(rows, starts)
+            self.columns["stored"].scatter(rows, ends - starts)
 
 
-def index_arrays(tree: Tree, placed: Placed) -> dict[str, np.ndarray]:
-    """The index's arrays for the rows kept; renumbers parents where unreadable files were dropped."""
-    columns, keep = _columns(tree, placed)
-    renumber = np.cumsum(keep) - 1
-    parent = renumber[tree.column("parent")[keep]]
-    arrays = columns if keep.all() else {name: column[keep] for name, column in columns.items()}
-    links = bytearray()
-    for old_row, target in sorted(tree.links.items()):
-        new_row = int(renumber[old_row])
-        arrays["offset"][new_row] = len(links)
-        arrays["stored"][new_row] = len(target)
-        links.extend(target)
-    name_off, names = _names(tree, keep)
-    arrays.update(
-        parent=parent, name_off=name_off, names=names, links=np.frombuffer(bytes(links), dtype=np.uint8)
-    )
-    return arrays
+class IndexRows:
+    """The index's sections from the walk's rows and the placements, each a count and the chunks
+    of its values, for ``format.write_index``; and the totals the summary reports."""
+
+    def __init__(self, tree: Tree, placed: Placed) -> None:
+        placed.flush()
+        placed.place_links()
+        self.tree = tree
+        self.placed = placed
+        self.dropped = len(tree.files) - len(placed)
+        self.entries = len(tree) - self.dropped
+        self.name_bytes = len(tree.names)
+        self._dirs = np.zeros(0, dtype=np.int64)
+        self._new_dirs = np.zeros(0, dtype=np.int64)
+        if self.dropped:
+            self._renumber()
+
+    def _kept(self, start: int, stop: int) -> np.ndarray | None:
+        """Which of rows ``start`` up to ``stop`` the index keeps (None: all of them)."""
+        if not self.dropped:
+            return None
+        kinds = self.tree.columns["mode"].read(start, stop) & fmt.TYPE_MASK
+        return (kinds != stat.S_IFREG) | (self.placed.columns["placed"].read(start, stop) == 1)
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        return self.tree.columns["mode"].chunks(ROWS_CHUNK)
+
+    def _renumber(self) -> None:
+        """New row numbers of the directories, and the name bytes of the rows dropped."""
+        dirs, new_dirs = [], []
+        dropped_before = 0
+        for start, stop in self._chunks():
+            keep = self._kept(start, stop)
+            assert keep is not None
+            rows = np.arange(start, stop)
+            is_dir = (self.tree.columns["mode"].read(start, stop) & fmt.TYPE_MASK) == stat.S_IFDIR
+            dropped = dropped_before + np.cumsum(~keep)
+            dirs.append(rows[is_dir])
+            new_dirs.append(rows[is_dir] - dropped[is_dir])
+            dropped_before = int(dropped[-1])
+            self.name_bytes -= int(self._name_lengths(start, stop)[~keep].sum())
+        self._dirs, self._new_dirs = np.concatenate(dirs), np.concatenate(new_dirs)
+
+    def _name_lengths(self, start: int, stop: int) -> np.ndarray:
+        ends = self.tree.columns["name_end"].read(max(start - 1, 0), stop).astype(np.int64)
+        return np.diff(ends) if start else np.diff(ends, prepend=0)
+
+    def _column(self, column: str) -> Iterator[np.ndarray]:
+        source = self.placed.columns[column] if column in PLACED_COLUMNS else self.tree.columns[column]
+        for start, stop in self._chunks():
+            values, keep = source.read(start, stop), self._kept(start, stop)
+            yield values if keep is None else values[keep]
+
+    def _parents(self) -> Iterator[np.ndarray]:
+        for parents in self._column("parent"):
+            yield self._new_dirs[np.searchsorted(self._dirs, parents)] if self.dropped else parents
+
+    def _name_offsets(self) -> Iterator[np.ndarray]:
+        yield np.zeros(1, dtype=np.uint64)
+        total = 0
+        for start, stop in self._chunks():
+            lengths, keep = self._name_lengths(start, stop), self._kept(start, stop)
+            ends = np.cumsum(lengths if keep is None else lengths[keep]) + total
+            if ends.size:
+                total = int(ends[-1])
+            yield ends
+
+    def _names(self) -> Iterator[np.ndarray]:
+        names = self.tree.names
+        for start, stop in self._chunks():
+            keep = self._kept(start, stop)
+            first = int(self.tree.columns["name_end"].read(start - 1, start)[0]) if start else 0
+            last = int(self.tree.columns["name_end"].read(stop - 1, stop)[0])
+            blob = names.read(first, last)
+            yield blob if keep is None else blob[np.repeat(keep, self._name_lengths(start, stop))]
+
+    def _blob(self, column: str) -> Iterator[np.ndarray]:
+        source = getattr(self.tree, column)
+        for start, stop in source.chunks(ROWS_CHUNK * 16):
+            yield source.read(start, stop)
+
+    def sections(self) -> dict[str, tuple[int, Iterator[np.ndarray]]]:
+        """Each section's element count and the chunks of its values, in ``fmt.SECTIONS`` terms."""
+        out: dict[str, tuple[int, Iterator[np.ndarray]]] = {
+            "parent": (self.entries, self._parents()),
+            "name_off": (self.entries + 1, self._name_offsets()),
+            "names": (self.name_bytes, self._names()),
+            "links": (len(self.tree.links), self._blob("links")),
+        }
+        for column in fmt.SECTIONS:
+            out.setdefault(column, (self.entries, self._column(column)))
+        return out
+
+    def totals(self) -> dict[str, int]:
+        """Files, directories, symlinks and file bytes the index holds."""
+        totals = dict.fromkeys(("files", "directories", "symlinks", "bytes"), 0)
+        kinds = {"files": stat.S_IFREG, "directories": stat.S_IFDIR, "symlinks": stat.S_IFLNK}
+        for modes, sizes in zip(self._column("mode"), self._column("size"), strict=True):
+            modes = modes & fmt.TYPE_MASK
+            for name, kind in kinds.items():
+                totals[name] += int(np.count_nonzero(modes == kind))
+            totals["bytes"] += int(sizes[modes == stat.S_IFREG].sum())
+        return totals

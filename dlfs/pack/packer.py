@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import stat
+import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
@@ -22,7 +22,6 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from dlfs import __version__
@@ -30,15 +29,18 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import LocalStore, Store, is_s3, open_store
 from dlfs.pack import images
-from dlfs.pack.columns import Placed, index_arrays
+from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.placement import placement_order
+from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
 from dlfs.pack.writers import InOrderShards, InPlaceShards, ShardSet
 
 #: Files between refreshes of the files/s figure on the progress bar.
 PROGRESS_EVERY = 256
+#: The index file's write buffer.
+INDEX_BUFFER = 1 << 20
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
@@ -67,7 +69,7 @@ def _pack_to_directory(src: Path, dst: Path, options: PackOptions) -> PackSummar
     old_id = check_destination(src, dst, store, options)
     try:
         with locked(dst):
-            return _replace(src, store, old_id, options)
+            return _replace(src, store, old_id, dst, options)
     finally:
         store.close()
 
@@ -75,38 +77,52 @@ def _pack_to_directory(src: Path, dst: Path, options: PackOptions) -> PackSummar
 def _pack_to_bucket(src: Path, dst: str, options: PackOptions) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
-    once are not detected."""
+    once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
     store = open_store(dst, options=options.store)
     try:
-        return _replace(src, store, replaced_dataset(store, options, "prefix"), options)
+        return _replace(
+            src, store, replaced_dataset(store, options, "prefix"), Path(tempfile.gettempdir()), options
+        )
     finally:
         store.close()
 
 
-def _replace(src: Path, store: Store, old_id: str | None, options: PackOptions) -> PackSummary:
-    """Pack into ``store`` in place of dataset ``old_id``, removing what earlier runs left."""
+def _replace(
+    src: Path, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
+) -> PackSummary:
+    """Pack into ``store`` in place of dataset ``old_id``, removing what earlier runs left, with
+    its column files in a ``Spill`` under ``spill_in``."""
     remove_leftovers(store, old_id)
-    summary = _pack_locked(os.fsencode(src), store, options)
+    remove_stale(spill_in)
+    spill = _spill(spill_in)
+    try:
+        summary = _pack_locked(os.fsencode(src), store, spill, options)
+    finally:
+        spill.close()
     if old_id:
         remove_leftovers(store, summary.dataset_id)
     return summary
 
 
+def _spill(parent: Path) -> Spill:
+    try:
+        return Spill(parent)
+    except OSError as exc:
+        raise PackError(
+            f"cannot create pack's temporary folder in {parent}: {exc.strerror}; "
+            "make it writable (for an s3:// destination, point TMPDIR at a local disk)"
+        ) from exc
+
+
 def _write_payloads(
-    pool: Executor,
-    tree: Tree,
-    rows: np.ndarray,
-    shards: ShardSet,
-    options: PackOptions,
-    summary: PackSummary,
-) -> Placed:
+    pool: Executor, tree: Tree, placed: Placed, shards: ShardSet, options: PackOptions, summary: PackSummary
+) -> None:
     """Write every file into the shards in placement order. Skipped files are simply not placed
     (in place, their slots stay holes)."""
-    placed = Placed()
     started = time.monotonic()
-    total = int(tree.column("size")[rows].sum())
-    summary.source_bytes = total
-    reads = shards.reads(pool, tree, rows, options)
+    total = summary.source_bytes = tree.file_bytes
+    files = (tree.entries(rows) for rows in placement_order(tree, options.order, options.seed))
+    reads = shards.reads(pool, files, options)
     with tqdm(
         total=total,
         unit="B",
@@ -116,12 +132,12 @@ def _write_payloads(
         desc="pack",
         dynamic_ncols=True,
     ) as bar:
-        for row, outcome in reads:
-            path = tree.path(row)
+        for file, slot, outcome in reads:
+            row, path, size = file
             try:
                 if isinstance(outcome, OSError):
                     raise outcome
-                payload, shard, offset = shards.put(row, path, tree.size[row], outcome)
+                payload, shard, offset = shards.put(file, slot, outcome)
             except OSError as exc:
                 fail_or_skip(f"cannot read {os.fsdecode(path)}: {exc.strerror}", options, summary, path)
                 continue
@@ -133,8 +149,7 @@ def _write_payloads(
             if len(placed) % PROGRESS_EVERY == 0:
                 rate = len(placed) / max(time.monotonic() - started, 1e-9)
                 bar.set_postfix_str(f"{len(placed):,} files, {rate:,.0f} files/s", refresh=False)
-            bar.update(tree.size[row])
-    return placed
+            bar.update(size)
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
@@ -170,7 +185,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             ) from None
 
 
-def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
+def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
     # no transform).
@@ -181,15 +196,11 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
         _transform_pool(options, summary) as transforms,
     ):
         try:
-            tree = walk(src, options, summary, pool)
-            rows = placement_order(
-                tree.column("parent").astype(np.int64), tree.column("mode"), options.order, options.seed
-            )
-            placed = _write_payloads(transforms or pool, tree, rows, shards, options, summary)
+            tree = walk(src, spill, options, summary, pool)
+            placed = Placed(tree, spill)
+            _write_payloads(transforms or pool, tree, placed, shards, options, summary)
             shard_list = shards.finish()
-            arrays = index_arrays(tree, placed)
-            # What the index no longer needs goes before it is encoded: pack's peak is here.
-            del tree, placed, rows
+            rows = IndexRows(tree, placed)
             meta = {
                 "dataset_id": summary.dataset_id,
                 "created_ns": time.time_ns(),
@@ -206,20 +217,21 @@ def _pack_locked(src: bytes, store: Store, options: PackOptions) -> PackSummary:
             }
             if options.transform is not None:
                 meta["transform"] = options.transform.describe(summary.codec)
-            index_bytes = fmt.encode_index(arrays, meta)
-            store.put_atomic(fmt.INDEX_NAME, index_bytes)
+            index_path = spill.path(fmt.INDEX_NAME)
+            with open(index_path, "wb", buffering=INDEX_BUFFER) as out:
+                summary.index_bytes = fmt.write_index(out, rows.sections(), meta)
+            store.put_file(fmt.INDEX_NAME, index_path)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             if transforms is not None:
                 transforms.shutdown(wait=True, cancel_futures=True)
             shards.abort()
             raise
-    kinds = arrays["mode"] & fmt.TYPE_MASK
-    summary.files = int(np.count_nonzero(kinds == stat.S_IFREG))
-    summary.directories = int(np.count_nonzero(kinds == stat.S_IFDIR))
-    summary.symlinks = int(np.count_nonzero(kinds == stat.S_IFLNK))
-    summary.bytes = int(arrays["size"][kinds == stat.S_IFREG].sum())
+    totals = rows.totals()
+    summary.files = totals["files"]
+    summary.directories = totals["directories"]
+    summary.symlinks = totals["symlinks"]
+    summary.bytes = totals["bytes"]
     summary.stored_bytes = sum(size for _, size in shard_list)
     summary.shards = len(shard_list)
-    summary.index_bytes = len(index_bytes)
     return summary

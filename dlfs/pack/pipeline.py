@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
-import numpy as np
 import xxhash
 
 from dlfs.core import format as fmt
@@ -22,7 +21,6 @@ from dlfs.core.store import ShardWriter
 from dlfs.pack.images import Kept
 from dlfs.pack.options import PackOptions
 from dlfs.pack.transform import Transform
-from dlfs.pack.walk import Tree
 
 STREAM_CHUNK = 8 << 20
 #: Bytes the read-ahead pool may hold at once; keeps pack's memory flat on any tree.
@@ -32,11 +30,12 @@ BATCH_FILES = 64
 BATCH_BYTES = 4 << 20
 #: Bytes a reader gathers from neighbouring slots before writing them in one call (``_SlotRun``).
 GATHER_BYTES = 256 << 10
-#: Rows turned into Python ints at a time (``each``).
-EACH_CHUNK = 1 << 16
-
-#: In place: a file's shard number and offset (its row -> its slot).
-Slots = Callable[[int], tuple[int, int]]
+#: A file to pack: its row, path and size (as the walk saw it).
+File = tuple[int, bytes, int]
+#: In place: the shard number and offset laid out for a file.
+Slot = tuple[int, int]
+#: In place: the slot for the next file in placement order, given its size.
+Layout = Callable[[int], Slot]
 
 
 @dataclass
@@ -127,15 +126,13 @@ class _SlotRun:
             self.payloads = []
 
 
-def _copy_batch(
-    files: list[tuple[bytes, int, int, int]], writers: Sequence[ShardWriter]
-) -> list[Payload | OSError]:
+def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[Payload | OSError]:
     """Read a run of files and write each into its slot as soon as possible, while its bytes are
     in cache. A file that grew since the walk no longer fits: its bytes come back, to be
     appended."""
     out: list[Payload | OSError] = []
     run = _SlotRun()
-    for path, size_hint, shard, offset in files:
+    for path, size_hint, writer, offset in files:
         try:
             data = _read_whole(path, size_hint)
         except OSError as exc:
@@ -143,76 +140,74 @@ def _copy_batch(
             continue
         fits = len(data) <= size_hint
         if fits:
-            run.add(writers[shard], offset, data)
+            run.add(writer, offset, data)
         out.append(Payload(b"" if fits else data, 0, len(data), fmt.checksum(data), in_place=fits))
     run.flush()
     return out
 
 
-def each(values: np.ndarray) -> Iterator[int]:
-    """A column's values as Python ints, EACH_CHUNK at a time: a whole ``tolist`` of 1.28 M rows
-    holds 46 MB of int objects at once."""
-    for start in range(0, len(values), EACH_CHUNK):
-        yield from values[start : start + EACH_CHUNK].tolist()
-
-
-def _batches(tree: Tree, rows: np.ndarray) -> Iterator[list[int]]:
-    """Consecutive rows grouped up to BATCH_FILES / BATCH_BYTES; a file to stream stands alone."""
-    batch: list[int] = []
+def _batches(files: Iterator[list[File]]) -> Iterator[list[File]]:
+    """Consecutive files grouped up to BATCH_FILES / BATCH_BYTES; a file to stream stands alone."""
+    batch: list[File] = []
     size = 0
-    for row in each(rows):
-        big = tree.size[row] > fmt.WHOLE_PAYLOAD_LIMIT
-        if batch and (big or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        if big:
-            yield [row]
-            continue
-        batch.append(row)
-        size += tree.size[row]
+    for chunk in files:
+        for file in chunk:
+            big = file[2] > fmt.WHOLE_PAYLOAD_LIMIT
+            if batch and (big or len(batch) >= BATCH_FILES or size >= BATCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            if big:
+                yield [file]
+                continue
+            batch.append(file)
+            size += file[2]
     if batch:
         yield batch
 
 
 def read_ahead(
     pool: Executor,
-    tree: Tree,
-    rows: np.ndarray,
+    files: Iterator[list[File]],
     options: PackOptions,
-    slots: Slots | None = None,
+    layout: Layout | None = None,
     writers: Sequence[ShardWriter] = (),
-) -> Iterator[tuple[int, Outcome]]:
-    """Yield (row, payload or read error) in placement order, reads running ahead in the pool;
-    with ``slots`` (row -> shard, offset), each file is written in place by its reader, into
-    ``writers[shard]``.
+) -> Iterator[tuple[File, Slot | None, Outcome]]:
+    """Yield (file, its slot, payload or read error) in placement order, reads running ahead in
+    the pool; with ``layout``, each file gets its slot as it is submitted, and is written there by
+    its reader, into ``writers[shard]``.
 
     At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
     WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
     """
-    window: deque[tuple[list[int], Future[list[Payload | OSError]] | None, int]] = deque()
+    window: deque[tuple[list[File], list[Slot | None], Future[list[Payload | OSError]] | None, int]] = deque()
     inflight = 0
 
-    def drain_one() -> Iterator[tuple[int, Outcome]]:
+    def drain_one() -> Iterator[tuple[File, Slot | None, Outcome]]:
         nonlocal inflight
-        batch, future, charged = window.popleft()
+        batch, slots, future, charged = window.popleft()
         inflight -= charged
         if future is None:
-            yield batch[0], None
+            yield batch[0], slots[0], None
         else:
-            yield from zip(batch, future.result(), strict=True)
+            yield from zip(batch, slots, future.result(), strict=True)
 
-    for batch in _batches(tree, rows):
-        if tree.size[batch[0]] > fmt.WHOLE_PAYLOAD_LIMIT:
-            window.append((batch, None, 0))
+    for batch in _batches(files):
+        laid = [layout(size) for _, _, size in batch] if layout else None
+        slots: list[Slot | None] = list(laid) if laid else [None] * len(batch)
+        if batch[0][2] > fmt.WHOLE_PAYLOAD_LIMIT:
+            window.append((batch, slots, None, 0))
         else:
-            charged = sum(tree.size[row] for row in batch)
-            if slots is None:
-                files = [(tree.path(row), tree.size[row]) for row in batch]
-                future = pool.submit(_prepare_batch, files, options.compress, options.transform)
+            charged = sum(size for _, _, size in batch)
+            if laid is None:
+                reads = [(path, size) for _, path, size in batch]
+                future = pool.submit(_prepare_batch, reads, options.compress, options.transform)
             else:
-                placed = [(tree.path(row), tree.size[row], *slots(row)) for row in batch]
-                future = pool.submit(_copy_batch, placed, writers)
-            window.append((batch, future, charged))
+                copies = [
+                    (path, size, writers[shard], offset)
+                    for (_, path, size), (shard, offset) in zip(batch, laid, strict=True)
+                ]
+                future = pool.submit(_copy_batch, copies)
+            window.append((batch, slots, future, charged))
             inflight += charged
         while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
             yield from drain_one()

@@ -11,58 +11,119 @@ import os
 import stat
 from array import array
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from dlfs.core import format as fmt
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.spill import Spill
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Tree:
-    """The walk's columns, in typed arrays (the index's own widths) and one blob of names: 40 bytes
-    a row plus the name. A Python int or bytes object per field would cost ~530 bytes a row (pack of
-    1.28 M files: 1,014 MB at its peak that way, 389 MB this way). ``dir_paths`` and ``links`` hold
-    directories and symlinks only."""
+#: Rows the walk holds in memory before appending them to its column files.
+FLUSH_ROWS = 1 << 16
+#: The walk's per-row columns and their types (the index's own widths).
+ROW_COLUMNS = {"parent": "I", "mode": "I", "uid": "I", "gid": "I", "size": "Q", "mtime": "q", "name_end": "Q"}
 
-    parent: array[int] = field(default_factory=lambda: array("I"))
-    mode: array[int] = field(default_factory=lambda: array("I"))
-    uid: array[int] = field(default_factory=lambda: array("I"))
-    gid: array[int] = field(default_factory=lambda: array("I"))
-    size: array[int] = field(default_factory=lambda: array("Q"))
-    mtime: array[int] = field(default_factory=lambda: array("q"))
-    #: Every name back to back; row r's ends at ``name_end[r]``.
-    names: bytearray = field(default_factory=bytearray)
-    name_end: array[int] = field(default_factory=lambda: array("Q"))
-    links: dict[int, bytes] = field(default_factory=dict)
-    dir_paths: dict[int, bytes] = field(default_factory=dict)
+
+@dataclass
+class Directory:
+    """What the later stages need of a directory: its path and where its children's rows are
+    (one contiguous run, as the walk numbers them)."""
+
+    path: bytes
+    first: int = 0
+    count: int = 0
+
+
+class Tree:
+    """The walk's rows, in column files of a ``Spill``; in memory only a buffer of FLUSH_ROWS rows
+    and one ``Directory`` per directory (~250 bytes each). Typed arrays in memory cost ~300 bytes
+    a file at pack's peak (1.28 M files: 377 MB); a file count is no bound on this one.
+
+    Columns: ``ROW_COLUMNS`` per row (``name_end``: where row r's name ends in ``names``), the
+    ``names`` blob, ``files`` (the rows of regular files, in row order), and the symlinks'
+    ``link_rows`` with their targets in ``links`` (target k ends at ``link_end[k]``).
+    """
+
+    def __init__(self, spill: Spill) -> None:
+        self.columns = {name: spill.column(name, np.dtype(code)) for name, code in ROW_COLUMNS.items()}
+        self.names = spill.column("names", np.uint8)
+        self.files = spill.column("files", np.uint64)
+        self.link_rows = spill.column("link_rows", np.uint64)
+        self.link_end = spill.column("link_end", np.uint64)
+        self.links = spill.column("links", np.uint8)
+        self.dirs: dict[int, Directory] = {}
+        self.count = 0
+        #: The regular files' bytes, as the walk saw them.
+        self.file_bytes = 0
+        self._rows = {name: array(code) for name, code in ROW_COLUMNS.items()}
+        self._names = bytearray()
+        self._names_length = 0
+        self._files = array("Q")
+        self._link_rows, self._link_end, self._links = array("Q"), array("Q"), bytearray()
+        self._links_length = 0
 
     def __len__(self) -> int:
-        return len(self.parent)
+        return self.count
 
     def add(self, parent: int, name: bytes, st: os.stat_result) -> int:
-        self.parent.append(parent)
-        self.names += name
-        self.name_end.append(len(self.names))
-        self.mode.append(st.st_mode)
-        self.uid.append(st.st_uid)
-        self.gid.append(st.st_gid)
-        self.size.append(st.st_size)
-        self.mtime.append(st.st_mtime_ns)
-        return len(self.parent) - 1
+        row = self.count
+        rows = self._rows
+        rows["parent"].append(parent)
+        self._names += name
+        rows["name_end"].append(self._names_length + len(self._names))
+        rows["mode"].append(st.st_mode)
+        rows["uid"].append(st.st_uid)
+        rows["gid"].append(st.st_gid)
+        rows["size"].append(st.st_size)
+        rows["mtime"].append(st.st_mtime_ns)
+        if stat.S_ISREG(st.st_mode):
+            self._files.append(row)
+            self.file_bytes += st.st_size
+        self.count += 1
+        if len(rows["parent"]) >= FLUSH_ROWS:
+            self.flush()
+        return row
 
-    def name(self, row: int) -> bytes:
-        return bytes(self.names[self.name_end[row - 1] if row else 0 : self.name_end[row]])
+    def add_link(self, row: int, target: bytes) -> None:
+        self._link_rows.append(row)
+        self._links += target
+        self._link_end.append(self._links_length + len(self._links))
 
-    def path(self, row: int) -> bytes:
-        return self.dir_paths[self.parent[row]] + b"/" + self.name(row)
+    def flush(self) -> None:
+        """Append the buffered rows to the column files."""
+        for name, values in self._rows.items():
+            self.columns[name].extend(values)
+            del values[:]
+        self._names_length += len(self._names)
+        self._links_length += len(self._links)
+        for column, buffer in (
+            (self.names, self._names),
+            (self.files, self._files),
+            (self.link_rows, self._link_rows),
+            (self.link_end, self._link_end),
+            (self.links, self._links),
+        ):
+            column.extend(buffer)
+            del buffer[:]
 
-    def column(self, name: str) -> np.ndarray:
-        """A column as a numpy array over the same memory (no copy)."""
-        return np.frombuffer(getattr(self, name), dtype=np.dtype(getattr(self, name).typecode))
+    def entries(self, rows: np.ndarray) -> list[tuple[int, bytes, int]]:
+        """``(row, path, size)`` of each row (files, in the order given)."""
+        if not len(rows):
+            return []
+        ends = self.columns["name_end"].gather(rows)
+        starts = self.columns["name_end"].gather(np.maximum(rows, 1) - 1)
+        starts[rows == fmt.ROOT_ROW] = 0
+        names = self.names.slices(starts, ends)
+        parents = self.columns["parent"].gather(rows).tolist()
+        sizes = self.columns["size"].gather(rows).tolist()
+        return [
+            (row, self.dirs[parent].path + b"/" + name, size)
+            for row, parent, name, size in zip(rows.tolist(), parents, names, sizes, strict=True)
+        ]
 
 
 def _list_dir(path: bytes) -> list[tuple[bytes, os.stat_result]] | OSError:
@@ -75,24 +136,28 @@ def _list_dir(path: bytes) -> list[tuple[bytes, os.stat_result]] | OSError:
         return exc
 
 
-def walk(src: bytes, options: PackOptions, summary: PackSummary, pool: ThreadPoolExecutor) -> Tree:
+def walk(
+    src: bytes, spill: Spill, options: PackOptions, summary: PackSummary, pool: ThreadPoolExecutor
+) -> Tree:
     """Breadth-first, one level at a time, the level's directories listed in parallel.
 
     Results are consumed in row order, so rows come out exactly as a sequential BFS would number
     them; the pool only overlaps the ``lstat`` calls, which dominate on a cold tree.
     """
-    tree = Tree()
+    tree = Tree(spill)
     tree.add(fmt.ROOT_ROW, b"", os.lstat(src))
-    tree.dir_paths[fmt.ROOT_ROW] = src
+    tree.dirs[fmt.ROOT_ROW] = Directory(src)
     level = [fmt.ROOT_ROW]
     while level:
         next_level = []
-        listings = pool.map(_list_dir, [tree.dir_paths[row] for row in level])
+        listings = pool.map(_list_dir, [tree.dirs[row].path for row in level])
         for row, listing in zip(level, listings, strict=True):
-            path = tree.dir_paths[row]
+            directory = tree.dirs[row]
+            path = directory.path
             if isinstance(listing, OSError):
                 fail_or_skip(f"cannot list {os.fsdecode(path)}: {listing.strerror}", options, summary, path)
                 continue
+            directory.first = len(tree)
             for name, st in listing:
                 kind = stat.S_IFMT(st.st_mode)
                 child_path = path + b"/" + name
@@ -102,9 +167,11 @@ def walk(src: bytes, options: PackOptions, summary: PackSummary, pool: ThreadPoo
                     continue
                 child = tree.add(row, name, st)
                 if kind == stat.S_IFDIR:
-                    tree.dir_paths[child] = child_path
+                    tree.dirs[child] = Directory(child_path)
                     next_level.append(child)
                 elif kind == stat.S_IFLNK:
-                    tree.links[child] = os.readlink(child_path)
+                    tree.add_link(child, os.readlink(child_path))
+            directory.count = len(tree) - directory.first
         level = next_level
+    tree.flush()
     return tree

@@ -5,11 +5,11 @@ it (``reads``), hands over each outcome (``put``) and ends with ``finish`` or ``
 
 ``InOrderShards`` places then writes each payload, shard after shard, for payloads whose stored
 size is known only once read (lz4). ``InPlaceShards`` gives every file its slot from the walk's
-sizes and opens every shard at once, and the thread that read a file writes it into its slot
-while its bytes are still in that core's cache. Handed to one writer instead, the bytes are copied
-out of memory they were read into long before, which here cost more than all of tar's work:
-without fsyncs, 2.2 GB of JPEGs packed in 1.2-1.35x tar cf's time in order, 0.79x (warm) and
-0.58x (cold) in place.
+size as the read pipeline submits it, with several shards open at once, and the thread that read
+a file writes it into its slot while its bytes are still in that core's cache. Handed to one
+writer instead, the bytes are copied out of memory they were read into long before, which here
+cost more than all of tar's work: without fsyncs, 2.2 GB of JPEGs packed in 1.2-1.35x tar cf's
+time in order, 0.79x (warm) and 0.58x (cold) in place.
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Executor
 
-import numpy as np
-
 from dlfs.core import format as fmt
 from dlfs.core.store import ShardWriter, Store
 from dlfs.pack.options import PackOptions
-from dlfs.pack.pipeline import Outcome, Payload, each, read_ahead, stream_into
-from dlfs.pack.walk import Tree
+from dlfs.pack.pipeline import File, Outcome, Payload, Slot, read_ahead, stream_into
 
 
 class ShardSet(ABC):
@@ -52,12 +49,12 @@ class ShardSet(ABC):
 
     @abstractmethod
     def reads(
-        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
-    ) -> Iterator[tuple[int, Outcome]]:
-        """The read pipeline over ``rows`` (placement order) that feeds this writer."""
+        self, pool: Executor, files: Iterator[list[File]], options: PackOptions
+    ) -> Iterator[tuple[File, Slot | None, Outcome]]:
+        """The read pipeline over ``files`` (placement order) that feeds this writer."""
 
     @abstractmethod
-    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+    def put(self, file: File, slot: Slot | None, outcome: Payload | None) -> tuple[Payload, int, int]:
         """Store one file's read outcome, or stream a large one (None); (payload, shard, offset)."""
 
     @abstractmethod
@@ -82,9 +79,9 @@ class InOrderShards(ShardSet):
         self._pos = 0
 
     def reads(
-        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
-    ) -> Iterator[tuple[int, Outcome]]:
-        return read_ahead(pool, tree, rows, options)
+        self, pool: Executor, files: Iterator[list[File]], options: PackOptions
+    ) -> Iterator[tuple[File, Slot | None, Outcome]]:
+        return read_ahead(pool, files, options)
 
     def _roll(self) -> None:
         self._close()
@@ -108,8 +105,9 @@ class InOrderShards(ShardSet):
         self.open[-1].write(data)
         self._pos += len(data)
 
-    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+    def put(self, file: File, slot: Slot | None, outcome: Payload | None) -> tuple[Payload, int, int]:
         """Append a read payload, or stream a large file (``outcome`` None)."""
+        _, path, size_hint = file
         if outcome is None:
             shard, offset = self.place(size_hint)
             payload = stream_into(lambda _at, chunk: self.write(chunk), path)
@@ -125,57 +123,47 @@ class InOrderShards(ShardSet):
 
 
 class InPlaceShards(ShardSet):
-    """Every file's slot laid out from the walk's sizes, every shard open at once, each file
-    written into its slot by the reader that read it."""
+    """Every file's slot laid out from the walk's sizes as the read pipeline reaches it, shards
+    created as the layout reaches them, each file written into its slot by the reader that read
+    it."""
 
     def __init__(self, store: Store, dataset_id: str, target: int) -> None:
         super().__init__(store, dataset_id, target)
         #: How far each shard's slots (and appends) reach.
         self._ends: list[int] = []
-        self._shard_at = np.zeros(0, dtype=np.int64)
-        self._offset_at = np.zeros(0, dtype=np.int64)
 
     def reads(
-        self, pool: Executor, tree: Tree, rows: np.ndarray, options: PackOptions
-    ) -> Iterator[tuple[int, Outcome]]:
-        """Lays out every slot and creates every shard first: the readers write straight into them."""
-        self._shard_at = np.zeros(len(tree), dtype=np.int64)
-        self._offset_at = np.zeros(len(tree), dtype=np.int64)
-        self._shard_at[rows], self._offset_at[rows] = self._lay_out(tree.column("size")[rows])
-        return read_ahead(pool, tree, rows, options, self.slot, self.open)
+        self, pool: Executor, files: Iterator[list[File]], options: PackOptions
+    ) -> Iterator[tuple[File, Slot | None, Outcome]]:
+        """The readers write straight into the slots ``lay_out`` gives."""
+        return read_ahead(pool, files, options, self.lay_out, self.open)
 
-    def _lay_out(self, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shard number and offset for each file, in placement order, with every shard created."""
-        shards, offsets = np.empty(len(sizes), dtype=np.int64), np.empty(len(sizes), dtype=np.int64)
-        for k, size in enumerate(each(sizes)):
-            if not self._ends or self._full(self._ends[-1], size):
-                number, writer = self._create()
-                writer.write_at(0, fmt.shard_header(self.dataset_id, number))
-                self._ends.append(fmt.HEADER_SIZE)
-            shards[k] = len(self._ends) - 1
-            offsets[k] = self._ends[-1]
-            self._ends[-1] += size
-        return shards, offsets
-
-    def slot(self, row: int) -> tuple[int, int]:
-        """The shard number and offset laid out for a file row."""
-        return self._shard_at.item(row), self._offset_at.item(row)
+    def lay_out(self, size: int) -> Slot:
+        """The slot of the next file in placement order, creating its shard when it starts one."""
+        if not self._ends or self._full(self._ends[-1], size):
+            number, writer = self._create()
+            writer.write_at(0, fmt.shard_header(self.dataset_id, number))
+            self._ends.append(fmt.HEADER_SIZE)
+        slot = len(self._ends) - 1, self._ends[-1]
+        self._ends[-1] += size
+        return slot
 
     def _end(self) -> tuple[int, int]:
-        """Where the next ``_append`` goes, past every laid-out slot."""
+        """Where the next ``_append`` goes, past every slot laid out so far."""
         return len(self._ends) - 1, self._ends[-1]
 
     def _append(self, length: int) -> tuple[int, int]:
-        """A slot past every laid-out one, for a file that outgrew its own since the walk (the
-        last shard grows past the target)."""
+        """A slot past every one laid out so far, for a file that outgrew its own since the walk
+        (the last shard may grow past the target)."""
         shard, offset = self._end()
         self._ends[-1] += length
         return shard, offset
 
-    def put(self, row: int, path: bytes, size_hint: int, outcome: Payload | None) -> tuple[Payload, int, int]:
+    def put(self, file: File, slot: Slot | None, outcome: Payload | None) -> tuple[Payload, int, int]:
         """Done when its reader wrote it in its slot; else stream a large file into the slot, and
         append a file that outgrew its slot since the walk."""
-        slot = self.slot(row)
+        _, path, size_hint = file
+        assert slot is not None  # every file gets one from lay_out
         placed = self._put_at(slot, path, size_hint, outcome)
         self.open[slot[0]].written_through(slot[1] + size_hint)
         return placed
@@ -203,7 +191,6 @@ class InPlaceShards(ShardSet):
         return stream_into(lambda at, chunk: writer.write_at(offset + at, chunk), path, limit)
 
     def finish(self) -> list[tuple[str, int]]:
-        self._shard_at = self._offset_at = np.zeros(0, dtype=np.int64)  # 16 bytes a file, no longer needed
         done = []
         for number, writer in enumerate(self.open):
             writer.commit(self._ends[number])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import stat
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -84,17 +82,13 @@ def test_bad_arguments_are_refused() -> None:
 def test_a_uniform_epoch_never_replays_the_random_placement(seed: int) -> None:
     """Pack's random placement and the epoch orders draw from separate streams of one seed: were
     they equal, an epoch would read the shards front to back while claiming to shuffle."""
-    from dlfs.pack import placement_order
+    from dlfs.pack.placement import random_picks
 
     count = 2000
-    parent = np.zeros(count + 1, dtype=np.int64)  # the root and ``count`` files directly in it
-    mode = np.full(count + 1, stat.S_IFREG | 0o644, dtype=np.uint32)
-    mode[0] = stat.S_IFDIR | 0o755
-    storage_rank = np.empty(count + 1, dtype=np.int64)
-    storage_rank[placement_order(parent, mode, "random", seed)] = np.arange(count)
-    rows = np.arange(1, count + 1)  # the uniform order indexes the files in row order
+    storage_rank = np.empty(count, dtype=np.int64)  # files numbered in row order, as the epoch's
+    storage_rank[random_picks(0, count, count, seed)] = np.arange(count)
     for epoch in range(3):
-        ranks = storage_rank[rows[epoch_order(count, OrderSpec(seed=seed), epoch)]]
+        ranks = storage_rank[epoch_order(count, OrderSpec(seed=seed), epoch)]
         assert np.mean(np.diff(ranks) == 1) < 0.01, f"epoch {epoch} reads the shards in order"
 
 

@@ -343,8 +343,8 @@ class CachedStore:
     def map_index(self, name: str) -> memoryview:
         return self.inner.map_index(name)
 
-    def put_atomic(self, name: str, data: bytes) -> None:
-        self.inner.put_atomic(name, data)
+    def put_file(self, name: str, path: Path) -> None:
+        self.inner.put_file(name, path)
 
     def create(self, name: str) -> ShardWriter:
         return self.inner.create(name)

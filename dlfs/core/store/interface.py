@@ -10,6 +10,7 @@ optional ``Descriptors`` interface. Everything here is blocking: callers on the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
@@ -77,8 +78,9 @@ class Store(Protocol):
     def map_index(self, name: str) -> memoryview:
         """The whole object, memory-mapped where the backend can, for zero-copy numpy views."""
 
-    def put_atomic(self, name: str, data: bytes) -> None:
-        """Publish ``data`` under ``name`` so readers see the old object or the new, never a part."""
+    def put_file(self, name: str, path: Path) -> None:
+        """Publish the local file ``path`` under ``name`` so readers see the old object or the new,
+        never a part. ``path`` may be moved: a local store renames it into place."""
 
     def create(self, name: str) -> ShardWriter: ...
 

@@ -219,18 +219,17 @@ class LocalStore:
         except IsADirectoryError as exc:
             raise DatasetError(f"{path} is a directory, not a dlfs index") from exc
 
-    def put_atomic(self, name: str, data: bytes) -> None:
-        tmp = self.root / f".{name}.tmp-{os.getpid()}"
-        try:
-            with _writing(tmp), open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                if self.durable:
-                    os.fsync(f.fileno())
-        except StoreError:
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, self.root / name)
+    def put_file(self, name: str, path: Path) -> None:
+        """Renamed into place: ``path`` is in this directory's filesystem (pack writes its index
+        beside the shards)."""
+        with _writing(path):
+            if self.durable:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.replace(path, self.root / name)
         if not self.durable:
             return
         dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)

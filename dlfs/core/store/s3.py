@@ -10,7 +10,8 @@ its first session token. Credentials never reach a log line or an error message.
 
 Shards are uploaded as they are written: a multipart upload fed through a bounded pipe, so a
 shard is never whole in memory; a failed or interrupted upload is aborted, and nothing is visible
-under its name until it completes. ``put_atomic`` is one PUT, atomic on every S3 implementation.
+under its name until it completes. ``put_file`` is one PUT, or a multipart upload past a part's
+size: atomic either way on every S3 implementation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -253,11 +255,16 @@ class S3Store:
             raise DatasetError(f"{self.url} is not a dlfs dataset (no {name}); run dlfs pack first")
         return memoryview(self.read(name, 0, size))
 
-    def put_atomic(self, name: str, data: bytes) -> None:
+    def put_file(self, name: str, path: Path) -> None:
+        """One PUT, or past PART_SIZE a multipart upload; either way the object appears whole or
+        not at all."""
         import obstore
 
+        if path.stat().st_size > PART_SIZE:
+            self.upload(name, _file_parts(path))
+            return
         with self._errors(f"writing {self.url}/{name}"):
-            obstore.put(self._store, name, data, use_multipart=False)
+            obstore.put(self._store, name, path.read_bytes(), use_multipart=False)
 
     def create(self, name: str) -> ShardWriter:
         return _S3Writer(self, name)
@@ -305,6 +312,13 @@ class S3Store:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _file_parts(path: Path) -> Iterator[bytes]:
+    """A file's bytes, PART_SIZE at a time."""
+    with open(path, "rb") as f:
+        while part := f.read(PART_SIZE):
+            yield part
 
 
 def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""pack's memory at ImageNet-1k and ImageNet-21k scale: peak RSS against the file count.
+
+A tree of 14.2 M real files would need 14.2 M inodes and most of an hour to write here, so the
+tree packed is a dlfs mount of the dataset ``bench_bigindex.py`` synthesises (ImageNet-like names
+in class folders, 16 bytes a file): ``dlfs pack`` walks it, reads every file through FUSE and
+writes a new dataset, as it would from a disk. For each shape and placement order: pack's peak
+RSS (``wait4``'s ``ru_maxrss``, the whole process: Python, its read pool's buffers, the mapped
+column files' pages it holds), its wall time and files/s, and the index it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_bigindex import SHAPES, synthesise
+from benchlib import DLFS, dlfs_mount
+
+from dlfs.core import format as fmt
+
+
+def pack_once(src: Path, dst: Path, order: str) -> dict[str, float]:
+    """One ``dlfs pack`` of ``src`` into a fresh ``dst``: its summary, peak RSS and wall time."""
+    shutil.rmtree(dst, ignore_errors=True)
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [*DLFS, "pack", "--json", "--no-sync", "--order", order, str(src), str(dst)], stdout=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    took = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise SystemExit(f"dlfs pack failed with exit code {proc.returncode}")
+    summary = json.loads(out)
+    shutil.rmtree(dst, ignore_errors=True)
+    return {
+        "files": summary["files"],
+        "index_bytes": summary["index_bytes"],
+        "pack_s": took,
+        "files_per_s": summary["files"] / took,
+        "peak_rss": usage.ru_maxrss * 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, default=Path("bench-data/bigindex"))
+    parser.add_argument("--shape", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--order", nargs="+", choices=("source", "random"), default=["source", "random"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for shape in args.shape:
+        files, classes = SHAPES[shape]
+        dataset = args.work / shape
+        if not (dataset / fmt.INDEX_NAME).exists():
+            print(
+                f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True
+            )
+            synthesise(dataset, files, classes)
+        results[shape] = {}
+        with dlfs_mount(dataset, args.work / "mnt"):
+            for order in args.order:
+                print(f"packing {shape} ({order} order) ...", file=sys.stderr, flush=True)
+                results[shape][order] = pack_once(args.work / "mnt", args.work / "packed", order)
+                print(f"{shape} {order}: {json.dumps(results[shape][order])}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for shape, orders in results.items():
+        for order, r in orders.items():
+            print(
+                f"{shape:>13} {order:>6}: {r['files']:,} files, "
+                f"peak RSS {r['peak_rss'] / 2**20:,.0f} MiB, {r['pack_s']:.0f} s "
+                f"({r['files_per_s']:,.0f} files/s), index {r['index_bytes'] / 2**20:,.0f} MiB"
+            )
+
+
+if __name__ == "__main__":
+    main()
