@@ -76,12 +76,12 @@ def _block_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
     return sequence[np.argsort(keys, kind="stable")]
 
 
-def _strided(padded: np.ndarray, world_size: int, rank: int, per_rank: int) -> np.ndarray:
-    return padded[rank::world_size]
+def _strided(world_size: int, rank: int, per_rank: int) -> np.ndarray:
+    return np.arange(per_rank, dtype=np.int64) * world_size + rank
 
 
-def _contiguous(padded: np.ndarray, world_size: int, rank: int, per_rank: int) -> np.ndarray:
-    return padded[rank * per_rank : (rank + 1) * per_rank]
+def _contiguous(world_size: int, rank: int, per_rank: int) -> np.ndarray:
+    return np.arange(per_rank, dtype=np.int64) + rank * per_rank
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ class Mode:
     """One order mode: how an epoch is shuffled and how it is split across ranks."""
 
     permutation: Callable[[int, OrderSpec, int], np.ndarray]
-    split: Callable[[np.ndarray, int, int, int], np.ndarray]
+    #: The places in the padded sequence that one rank reads: (world size, rank, per rank).
+    split: Callable[[int, int, int], np.ndarray]
     in_storage_order: bool
 
 
@@ -109,13 +110,16 @@ def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
 
 
 def rank_slice(sequence: np.ndarray, world_size: int, rank: int, mode: str) -> np.ndarray:
-    """This rank's share of an epoch, padded by wrapping like DistributedSampler."""
+    """This rank's share of an epoch, padded by wrapping like DistributedSampler. The padded
+    sequence is never built: place p of it is ``sequence[p % count]``, so the work is the rank's
+    share however large the world."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     count = sequence.size
+    if not count:
+        return sequence
     per_rank = -(-count // world_size)
-    padded = np.resize(sequence, per_rank * world_size) if count else sequence
-    return MODES[mode].split(padded, world_size, rank, per_rank)
+    return sequence[MODES[mode].split(world_size, rank, per_rank) % count]
 
 
 def epoch_order(count: int, spec: OrderSpec, epoch: int, world_size: int = 1, rank: int = 0) -> np.ndarray:

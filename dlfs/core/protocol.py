@@ -6,7 +6,8 @@ training script's ``import dlfs.torch`` loads no store, no FUSE binding and no c
 - ``.dlfs/order/epoch-E`` and ``.dlfs/order/epoch-E.rank-R-of-W``: the files rank R of W reads in
   epoch E, one path relative to the mount root per line, in order. A backslash or newline inside a
   name is written as ``\\\\`` or ``\\n``. Resolving one tells the daemon that this epoch and rank are
-  being read on this node, so the read-ahead starts following it.
+  being read on this node, so the read-ahead starts following it. Epochs run to 2^63 - 1 and
+  worlds to ``MAX_WORLD`` ranks; any other name is not found.
 - ``.dlfs/stats``: JSON counters, fresh on every read.
 - ``.dlfs/config``: JSON: seed, order mode, dataset id, format version.
 """
@@ -49,6 +50,10 @@ def latency_percentile(counts: list[int], q: float) -> float | None:
     return float(2**LATENCY_BUCKETS)
 
 
+#: The largest world an order file is published for: beyond any cluster (2^24 ranks), and each
+#: rank's share is then still computed without a sequence padded to the world's size.
+MAX_WORLD = 1 << 24
+MAX_EPOCH = (1 << 63) - 1
 _ORDER_FILE = re.compile(rb"epoch-(\d+)(?:\.rank-(\d+)-of-(\d+))?")
 
 
@@ -86,13 +91,14 @@ def is_dlfs_mount(path: str | os.PathLike[str]) -> bool:
 
 
 def parse_order_name(name: bytes) -> tuple[int, int, int] | None:
-    """(epoch, world size, rank) of an order file's name; None for any other name."""
+    """(epoch, world size, rank) of an order file's name; None for any other name, and for an
+    epoch or a world too large to be one (every value then fits the int64 the order computes in)."""
     match = _ORDER_FILE.fullmatch(name)
     if not match:
         return None
     epoch = int(match.group(1))
     rank, world = (int(match.group(2)), int(match.group(3))) if match.group(2) else (0, 1)
-    return (epoch, world, rank) if 0 <= rank < world else None
+    return (epoch, world, rank) if 0 <= rank < world <= MAX_WORLD and epoch <= MAX_EPOCH else None
 
 
 def escape(path: bytes) -> bytes:

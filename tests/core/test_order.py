@@ -56,6 +56,25 @@ def test_full_mode_splits_ranks_like_distributed_sampler() -> None:
         assert np.array_equal(epoch_order(10, spec, 4, 4, rank), padded[rank::4])
 
 
+@pytest.mark.parametrize("mode", ["full", "block"])
+@pytest.mark.parametrize(("count", "world"), [(10, 3), (10, 10), (5, 7), (3, 64), (1, 2)])
+def test_a_world_larger_than_the_epoch_pads_by_wrapping(mode: str, count: int, world: int) -> None:
+    spec = OrderSpec(seed=1, mode=mode, block=2, window=4)
+    whole = epoch_permutation(count, spec, 0)
+    per_rank = -(-count // world)
+    padded = np.resize(whole, per_rank * world)
+    for rank in range(world):
+        expected = padded[rank::world] if mode == "full" else padded[rank * per_rank : (rank + 1) * per_rank]
+        assert np.array_equal(epoch_order(count, spec, 0, world, rank), expected)
+
+
+def test_a_huge_world_costs_only_the_ranks_share() -> None:
+    """A billion ranks over ten files: one file each, computed without a billion-long sequence."""
+    spec = OrderSpec(seed=1)
+    whole = epoch_permutation(10, spec, 0)
+    assert epoch_order(10, spec, 0, 10**9, 10**9 - 1).tolist() == [whole[(10**9 - 1) % 10]]
+
+
 def test_block_mode_keeps_neighbours_together() -> None:
     spec = OrderSpec(seed=5, mode="block", block=16, window=1)
     sequence = epoch_permutation(1600, spec, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from conftest import DLFS, assert_one_line_error, dlfs, drop_from_memory
 
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec, epoch_order
-from dlfs.core.protocol import escape, parse_order, unescape
+from dlfs.core.protocol import MAX_WORLD, escape, parse_order, unescape
 from dlfs.core.store import LocalStore
 from dlfs.fuse.control import ControlTree
 
@@ -70,6 +71,36 @@ def test_bad_order_names_are_not_found(packed: Path, mount) -> None:
         for name in ("epoch-x", "epoch-1.rank-2-of-2", "epoch-1.rank-0-of-0", "epoch--1", "nothing"):
             assert not (order / name).exists(), name
         assert not (Path(mnt) / ".dlfs" / "nope").exists()
+
+
+def test_absurd_order_names_are_not_found_and_cost_nothing(packed: Path, mount) -> None:
+    """An epoch of 10^18 is an epoch like any other; a world past MAX_WORLD or an epoch past
+    int64 is no order file (not a sequence padded to a billion ranks, 8 GB)."""
+    with mount(packed) as mnt:
+        order = Path(mnt) / ".dlfs" / "order"
+        files = len((order / "epoch-0").read_bytes().splitlines())
+        assert len((order / f"epoch-{10**18}").read_bytes().splitlines()) == files
+        for name in (
+            "epoch-1.rank-0-of-1000000000",
+            f"epoch-1.rank-0-of-{MAX_WORLD + 1}",
+            f"epoch-{2**63}",
+            f"epoch-{10**200}",
+        ):
+            assert not (order / name).exists(), name
+        assert (order / f"epoch-1.rank-{MAX_WORLD - 1}-of-{MAX_WORLD}").read_bytes().count(b"\n") == 1
+
+
+def test_control_files_refuse_writes(packed: Path, mount) -> None:
+    with mount(packed) as mnt:
+        control = Path(mnt) / ".dlfs"
+        for path in (control / "stats", control / "config", control / "order" / "epoch-0"):
+            for attempt in (lambda p=path: open(p, "r+b"), lambda p=path: os.truncate(p, 0)):
+                with pytest.raises(OSError) as info:
+                    attempt()
+                assert info.value.errno in (errno.EROFS, errno.EACCES), path
+        with pytest.raises(OSError) as info:
+            open(control / "order" / "epoch-9", "wb")
+        assert info.value.errno in (errno.EROFS, errno.EACCES)
 
 
 def test_config_and_stats_are_json_and_stats_are_fresh(packed: Path, mount) -> None:
