@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,8 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 SMALL_SHARD = 64 * 1024
 FIXED_NS = 1_600_000_000_123_456_789
 TEST_BUCKET = "dlfs-tests"
+#: The ordinary user the tests run commands as (``ordinary_user``, ``as_user``).
+ORDINARY_USER = "dlfs-test"
 
 
 def dlfs(
@@ -295,3 +298,26 @@ def use_s3(server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 def s3(s3_server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """A fresh prefix on the session's S3 server, with the environment pointing at it."""
     return use_s3(s3_server, monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def ordinary_user() -> Iterator[str]:
+    """An ordinary user with /dev/fuse access (Debian gives every user that: mode 0666)."""
+    if subprocess.run(["id", ORDINARY_USER], capture_output=True, check=False).returncode != 0:
+        add = ["useradd", "--create-home", ORDINARY_USER]
+        subprocess.run(add, capture_output=True, check=True, timeout=60)
+    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
+    os.chmod("/dev/fuse", mode | 0o006)
+    try:
+        yield ORDINARY_USER
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+def as_user(*args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run a command as ``ORDINARY_USER`` from /; with ``check``, fail with its stderr."""
+    command = ["runuser", "-u", ORDINARY_USER, "--", *map(str, args)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/", check=False)
+    if check:
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+    return result

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -20,13 +19,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, assert_one_line_error, force_unmount, is_mounted, pid_alive, wait_until
+from conftest import (
+    TOOLS,
+    as_user,
+    assert_one_line_error,
+    force_unmount,
+    is_mounted,
+    pid_alive,
+    wait_until,
+)
 
 from dlfs import system_install
 from dlfs.fuse.mount import FUSE_CONF
 
 ROOT = TOOLS.parent
-USER = "dlfs-test"
 PYFUSE3_LINE = "pyfuse3 has every dlfs addition"
 
 
@@ -120,49 +126,29 @@ def test_building_without_a_compiler_names_the_debian_packages_in_one_line(tmp_p
     assert_one_line_error(result, "missing Debian package(s) gcc pkg-config", "apt-get install")
 
 
-@pytest.fixture(scope="module")
-def user() -> Iterator[str]:
-    """An ordinary user with /dev/fuse access (Debian gives every user that: mode 0666)."""
-    if subprocess.run(["id", USER], capture_output=True, check=False).returncode != 0:
-        _run("useradd", "--create-home", USER)
-    mode = stat.S_IMODE(os.stat("/dev/fuse").st_mode)
-    os.chmod("/dev/fuse", mode | 0o006)
-    try:
-        yield USER
-    finally:
-        os.chmod("/dev/fuse", mode)
-
-
-def _as_user(*args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    command = ["runuser", "-u", USER, "--", *map(str, args)]
-    if check:
-        return _run(*command, timeout=120)
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/", check=False)
-
-
 @pytest.fixture
-def user_dir(shared: Path, user: str, tmp_path: Path) -> Iterator[Path]:
+def user_dir(shared: Path, ordinary_user: str, tmp_path: Path) -> Iterator[Path]:
     """A directory of the user's with a small tree ``src`` in it."""
     path = shared / f"user-{tmp_path.name}"
     (path / "src" / "class-a").mkdir(parents=True)
     for k in range(20):
         (path / "src" / "class-a" / f"{k}.bin").write_bytes(os.urandom(1000 + k))
-    _run("chown", "-R", user, path)
+    _run("chown", "-R", ordinary_user, path)
     return path
 
 
 def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: Path) -> None:
     dlfs = node / "bin" / "dlfs"
     dataset, mnt, log = user_dir / "dataset", user_dir / "mnt", user_dir / "mount.log"
-    _as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
-    _as_user("mkdir", mnt)
-    started = _as_user(dlfs, "mount", dataset, mnt, "--log-file", log)
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
+    started = as_user(dlfs, "mount", dataset, mnt, "--log-file", log)
     pid = 0
     try:
         pid = int(re.search(r"daemon pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
         assert os.stat(f"/proc/{pid}").st_uid != 0
-        _as_user("diff", "-r", user_dir / "src", mnt)
-        _as_user(dlfs, "umount", mnt)
+        as_user("diff", "-r", user_dir / "src", mnt)
+        as_user(dlfs, "umount", mnt)
         assert wait_until(lambda: not pid_alive(pid), 15)
         assert not is_mounted(mnt)
     finally:
@@ -179,10 +165,10 @@ def test_allow_other_as_an_ordinary_user_names_user_allow_other(node: Path, user
         pytest.skip(f"{FUSE_CONF} allows allow_other to every user here")
     dlfs = node / "bin" / "dlfs"
     dataset, mnt = user_dir / "dataset", user_dir / "mnt"
-    _as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
-    _as_user("mkdir", mnt)
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
     try:
-        result = _as_user(
+        result = as_user(
             dlfs, "mount", dataset, mnt, "--allow-other", "--log-file", user_dir / "log", check=False
         )
         assert_one_line_error(result, "user_allow_other", str(FUSE_CONF))
@@ -192,7 +178,7 @@ def test_allow_other_as_an_ordinary_user_names_user_allow_other(node: Path, user
 
 
 def test_a_cold_benchmark_as_an_ordinary_user_says_it_needs_root(node: Path, user_dir: Path) -> None:
-    result = _as_user(
+    result = as_user(
         node / "bin" / "dlfs",
         "bench",
         user_dir / "src",
@@ -206,5 +192,5 @@ def test_a_cold_benchmark_as_an_ordinary_user_says_it_needs_root(node: Path, use
     assert_one_line_error(result, "drop_caches", "root")
 
 
-def test_install_system_as_an_ordinary_user_says_it_needs_root(node: Path, user: str) -> None:
-    assert_one_line_error(_as_user(node / "bin" / "dlfs", "install-system", check=False), "needs root")
+def test_install_system_as_an_ordinary_user_says_it_needs_root(node: Path, ordinary_user: str) -> None:
+    assert_one_line_error(as_user(node / "bin" / "dlfs", "install-system", check=False), "needs root")
