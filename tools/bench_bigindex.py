@@ -154,6 +154,16 @@ def measure(dataset: Path, mnt: Path, files: int, classes: int, count: int) -> d
     return result
 
 
+def ensure_dataset(work: Path, shape: str) -> Path:
+    """The dataset of ``shape`` under ``work``, synthesised on first use."""
+    files, classes = SHAPES[shape]
+    dataset = work / shape
+    if not (dataset / fmt.INDEX_NAME).exists():
+        print(f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True)
+        synthesise(dataset, files, classes)
+    return dataset
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -166,12 +176,7 @@ def main() -> None:
     results = {}
     for shape in args.shape:
         files, classes = SHAPES[shape]
-        dataset = args.work / shape
-        if not (dataset / fmt.INDEX_NAME).exists():
-            print(
-                f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True
-            )
-            synthesise(dataset, files, classes)
+        dataset = ensure_dataset(args.work, shape)
         results[shape] = {
             "files": files,
             "classes": classes,

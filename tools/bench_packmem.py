@@ -5,15 +5,15 @@ A tree of 14.2 M real files would need 14.2 M inodes and most of an hour to writ
 tree packed is a dlfs mount of the dataset ``bench_bigindex.py`` synthesises (ImageNet-like names
 in class folders, 16 bytes a file): ``dlfs pack`` walks it, reads every file through FUSE and
 writes a new dataset, as it would from a disk. For each shape and placement order: pack's peak
-RSS (``wait4``'s ``ru_maxrss``, the whole process: Python, its read pool's buffers, the mapped
-column files' pages it holds), its wall time and files/s, and the index it wrote.
+RSS (``wait4``'s ``ru_maxrss``, see ``LAUNCHER``: the whole process, Python, its read pool's
+buffers, the mapped column files' pages it holds), its wall time and files/s, and the index it
+wrote.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,34 +22,45 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_bigindex import SHAPES, synthesise
+from bench_bigindex import SHAPES, ensure_dataset
 from benchlib import DLFS, dlfs_mount
 
-from dlfs.core import format as fmt
+#: Runs the command in argv[2:] and writes its peak RSS (KiB) to the file argv[1]. The peak comes
+#: from ``wait4`` in this small process: a child's ``ru_maxrss`` starts from the RSS of the process
+#: that spawned it (exec keeps the old address space's high-water mark), and this benchmark's own
+#: process holds hundreds of MB after synthesising a dataset.
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def pack_once(src: Path, dst: Path, order: str) -> dict[str, float]:
     """One ``dlfs pack`` of ``src`` into a fresh ``dst``: its summary, peak RSS and wall time."""
     shutil.rmtree(dst, ignore_errors=True)
+    peak = dst.with_name("peak-rss-kib")
+    pack = [*DLFS, "pack", "--json", "--no-sync", "--order", order, str(src), str(dst)]
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [*DLFS, "pack", "--json", "--no-sync", "--order", order, str(src), str(dst)], stdout=subprocess.PIPE
+    result = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(peak), *pack], stdout=subprocess.PIPE, check=False
     )
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
     took = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"dlfs pack failed with exit code {proc.returncode}")
-    summary = json.loads(out)
+    if result.returncode:
+        raise SystemExit(f"dlfs pack failed with exit code {result.returncode}")
+    summary = json.loads(result.stdout)
     shutil.rmtree(dst, ignore_errors=True)
     return {
         "files": summary["files"],
         "index_bytes": summary["index_bytes"],
         "pack_s": took,
         "files_per_s": summary["files"] / took,
-        "peak_rss": usage.ru_maxrss * 1024,
+        "peak_rss": int(peak.read_text()) * 1024,
     }
 
 
@@ -64,15 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for shape in args.shape:
-        files, classes = SHAPES[shape]
-        dataset = args.work / shape
-        if not (dataset / fmt.INDEX_NAME).exists():
-            print(
-                f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True
-            )
-            synthesise(dataset, files, classes)
         results[shape] = {}
-        with dlfs_mount(dataset, args.work / "mnt"):
+        with dlfs_mount(ensure_dataset(args.work, shape), args.work / "mnt"):
             for order in args.order:
                 print(f"packing {shape} ({order} order) ...", file=sys.stderr, flush=True)
                 results[shape][order] = pack_once(args.work / "mnt", args.work / "packed", order)

@@ -5,8 +5,8 @@ file in a private folder; only per-directory state and fixed-size buffers stay i
 is appended in chunks (``extend``), then read by range (``read``, a ``pread``: the bytes stay in
 the page cache, not in the process), or gathered and scattered by row through a shared mapping
 whose pages are dropped from the process after every call (``gather``, ``scatter``). Packing
-1.28 M tiny files peaked at 377 MB with the columns in memory, 51 MB this way, and the peak no
-longer grows with the file count (``make bench-packmem``).
+1.28 M tiny files peaked at 377 MB with the columns in memory, 51 MB this way; 14.2 M files peak
+at 99 MiB (``make bench-packmem``; random placement's mapped pages: docs/design.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ import logging
 import os
 import stat
 from array import array
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,13 +129,29 @@ class Tree:
 
 
 def _list_dir(path: bytes) -> list[tuple[bytes, os.stat_result]] | OSError:
-    """One directory's entries, sorted by name bytes, with lstat results (a pool task)."""
+    """One directory's entries, sorted by name bytes, with lstat results (a pool task). The
+    largest directory's listing is in memory whole while it is sorted, ~200 bytes an entry."""
     try:
         with os.scandir(path) as it:
             entries = sorted(it, key=lambda e: e.name)
         return [(e.name, e.stat(follow_symlinks=False)) for e in entries]
     except OSError as exc:
         return exc
+
+
+def _listings(
+    pool: ThreadPoolExecutor, paths: list[bytes], window: int
+) -> Iterator[list[tuple[bytes, os.stat_result]] | OSError]:
+    """``_list_dir`` of each path, in order, at most ``window`` listings ahead of the caller: a
+    level of ImageNet-21k's tree is all its 14.2 M files, and ``pool.map`` would hold every
+    listing the walk had not yet consumed."""
+    pending: deque[Future[list[tuple[bytes, os.stat_result]] | OSError]] = deque()
+    for path in paths:
+        pending.append(pool.submit(_list_dir, path))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def walk(
@@ -150,7 +168,7 @@ def walk(
     level = [fmt.ROOT_ROW]
     while level:
         next_level = []
-        listings = pool.map(_list_dir, [tree.dirs[row].path for row in level])
+        listings = _listings(pool, [tree.dirs[row].path for row in level], 2 * options.jobs)
         for row, listing in zip(level, listings, strict=True):
             directory = tree.dirs[row]
             path = directory.path
