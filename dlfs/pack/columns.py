@@ -69,11 +69,9 @@ class Placed:
         tree = self.tree
         for start, stop in tree.link_rows.chunks(ROWS_CHUNK):
             rows = tree.link_rows.read(start, stop).astype(np.int64)
-            ends = tree.link_end.read(max(start - 1, 0), stop)
-            starts = ends[:-1] if start else np.concatenate([np.zeros(1, dtype=np.uint64), ends[:-1]])
-            ends = ends[1:] if start else ends
-            self.columns["offset"].scatter(rows, starts)
-            self.columns["stored"].scatter(rows, ends - starts)
+            bounds = tree.link_end.fenced(start, stop)
+            self.columns["offset"].scatter(rows, bounds[:-1])
+            self.columns["stored"].scatter(rows, np.diff(bounds))
 
 
 class IndexRows:
@@ -120,8 +118,7 @@ class IndexRows:
         self._dirs, self._new_dirs = np.concatenate(dirs), np.concatenate(new_dirs)
 
     def _name_lengths(self, start: int, stop: int) -> np.ndarray:
-        ends = self.tree.columns["name_end"].read(max(start - 1, 0), stop).astype(np.int64)
-        return np.diff(ends) if start else np.diff(ends, prepend=0)
+        return np.diff(self.tree.columns["name_end"].fenced(start, stop))
 
     def _column(self, column: str) -> Iterator[np.ndarray]:
         source = self.placed.columns[column] if column in PLACED_COLUMNS else self.tree.columns[column]
@@ -146,11 +143,9 @@ class IndexRows:
     def _names(self) -> Iterator[np.ndarray]:
         names = self.tree.names
         for start, stop in self._chunks():
-            keep = self._kept(start, stop)
-            first = int(self.tree.columns["name_end"].read(start - 1, start)[0]) if start else 0
-            last = int(self.tree.columns["name_end"].read(stop - 1, stop)[0])
-            blob = names.read(first, last)
-            yield blob if keep is None else blob[np.repeat(keep, self._name_lengths(start, stop))]
+            keep, bounds = self._kept(start, stop), self.tree.columns["name_end"].fenced(start, stop)
+            blob = names.read(int(bounds[0]), int(bounds[-1]))
+            yield blob if keep is None else blob[np.repeat(keep, np.diff(bounds))]
 
     def _blob(self, column: str) -> Iterator[np.ndarray]:
         source = getattr(self.tree, column)

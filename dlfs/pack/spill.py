@@ -68,6 +68,13 @@ class Column:
             done += got
         return out
 
+    def fenced(self, start: int, stop: int) -> np.ndarray:
+        """Values ``start - 1`` up to ``stop``, the one before value 0 taken as 0 (int64). For a
+        column of where each item of a blob ends (names, link targets): item k of ``start`` up to
+        ``stop`` spans ``out[k - start]`` up to ``out[k - start + 1]`` of the blob."""
+        ends = self.read(max(start - 1, 0), stop).astype(np.int64)
+        return ends if start else np.concatenate([np.zeros(1, dtype=np.int64), ends])
+
     def chunks(self, step: int) -> list[tuple[int, int]]:
         """``(start, stop)`` ranges covering the column, ``step`` values each."""
         return [(start, min(start + step, self.length)) for start in range(0, self.length, step)]
