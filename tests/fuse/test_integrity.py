@@ -17,7 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_SHARD, assert_one_line_error, dlfs, flip_byte, is_mounted, payload_place
+from conftest import (
+    SMALL_SHARD,
+    assert_one_line_error,
+    dlfs,
+    find_listing,
+    flip_byte,
+    is_mounted,
+    payload_place,
+)
 
 from dlfs.core import format as fmt
 from dlfs.pack import PackOptions, pack
@@ -185,3 +193,27 @@ def assert_refused(dataset: Path, tmp_path: Path, words: tuple[str, ...], index:
     assert_one_line_error(dlfs("verify", dataset, check=False), *words)
     if index:
         assert_one_line_error(dlfs("ls", dataset, check=False), *words)
+
+
+@pytest.mark.parametrize("change", ["overwritten", "truncated"])
+def test_an_index_changed_under_a_live_mount_changes_nothing_it_serves(
+    change: str, odd_tree: Path, packed: Path, mount
+) -> None:
+    """The mount serves the index it checked: bytes written over the file in place (as ``rsync
+    --inplace`` of another version does) or a cut (which would kill a daemon reading a map of the
+    file with SIGBUS) change no name, attribute or byte it serves, with the kernel's caches dropped
+    so that every lookup and read reaches the daemon."""
+    index = packed / fmt.INDEX_NAME
+    with mount(packed) as mnt:
+        before = find_listing(mnt)
+        with open(index, "r+b") as f:
+            if change == "truncated":
+                f.truncate(100)
+            else:
+                size = os.fstat(f.fileno()).st_size
+                os.pwrite(f.fileno(), np.random.default_rng(3).bytes(size - 2 * PAGE), PAGE)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        assert find_listing(mnt) == before
+        for path in sorted(odd_tree.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                assert (mnt / path.relative_to(odd_tree)).read_bytes() == path.read_bytes(), path

@@ -76,7 +76,8 @@ class Store(Protocol):
     def names(self) -> list[str]: ...
 
     def map_index(self, name: str) -> memoryview:
-        """The whole object, memory-mapped where the backend can, for zero-copy numpy views."""
+        """The whole object in memory that nothing outside this process can change once it is
+        returned (``dlfs.core.sealed``), for zero-copy numpy views."""
 
     def put_file(self, name: str, path: Path) -> None:
         """Publish the local file ``path`` under ``name`` so readers see the old object or the new,

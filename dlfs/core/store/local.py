@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 from dlfs.core import libc
 from dlfs.core.errors import DatasetError, StoreError
+from dlfs.core.sealed import sealed_copy
 from dlfs.core.store.interface import ShardWriter
 
 
@@ -206,14 +207,12 @@ class LocalStore:
         return sorted(self.sizes())
 
     def map_index(self, name: str) -> memoryview:
-        import mmap
-
+        """A sealed in-memory copy (``dlfs.core.sealed``): what is served cannot change after the
+        checks, whatever happens to the file."""
         path = self.root / name
         try:
             with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size == 0:
-                    return memoryview(b"")
-                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                return sealed_copy(f.fileno(), name)
         except FileNotFoundError as exc:
             raise DatasetError(f"{self.root} is not a dlfs dataset (no {name}); run dlfs pack first") from exc
         except IsADirectoryError as exc:
