@@ -6,7 +6,7 @@ is appended in chunks (``extend``), then read by range (``read``, a ``pread``: t
 the page cache, not in the process), or gathered and scattered by row through a shared mapping
 whose pages are dropped from the process after every call (``gather``, ``scatter``). Packing
 1.28 M tiny files peaked at 377 MB with the columns in memory, 51 MB this way; 14.2 M files peak
-at 99 MiB (``make bench-packmem``; random placement's mapped pages: docs/design.md).
+at 61 MiB, 85 MiB in random placement (``make bench-packmem``; what a fault maps: PIECE).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import mmap
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,16 @@ import numpy as np
 #: Spill folders' name prefix; one left by a killed pack is removed by the next pack into the
 #: same destination (``remove_stale``).
 PREFIX = ".dlfs-pack-spill-"
+#: Bytes a column is appended in, at most. The page cache holds a write in folios as large as the
+#: write, and a fault maps a whole folio: gathering 64 rows at random from a column written in
+#: 512 KiB pieces mapped 512 KiB a row, in 64 KiB pieces 64 KiB (the kernel's fault-around).
+PIECE = 1 << 16
+#: Bytes of a column a gather or scatter maps before it drops them. A column this small is mapped
+#: whole in one go (rows of a chunk share pages: 1.28 M files packed in random placement in 38 s
+#: this way, 52 s dropping every 256 rows); a larger one ROWS_MAPPED rows at a time, each mapping
+#: at most PIECE: 4,096 rows at once mapped the whole of a 108 MiB column.
+MAPPED_BYTES = 32 << 20
+ROWS_MAPPED = MAPPED_BYTES // PIECE
 
 
 class Column:
@@ -29,7 +40,8 @@ class Column:
 
     ``gather`` and ``scatter`` touch the rows through a shared mapping of the file and drop the
     touched pages from the process right after (``MADV_DONTNEED``; on a shared file mapping the
-    written bytes stay in the page cache), so the process never holds more than one call's pages.
+    written bytes stay in the page cache), so the process never holds more than MAPPED_BYTES of a
+    column.
     """
 
     def __init__(self, path: Path, dtype: np.dtype | str, length: int = 0) -> None:
@@ -50,7 +62,8 @@ class Column:
         raw = memoryview(values).cast("B")
         written = 0
         while written < len(raw):
-            written += os.pwrite(self._fd, raw[written:], self.length * self.dtype.itemsize + written)
+            piece = raw[written : written + PIECE]
+            written += os.pwrite(self._fd, piece, self.length * self.dtype.itemsize + written)
         self.length += len(raw) // self.dtype.itemsize
         self._unmap()
 
@@ -81,39 +94,41 @@ class Column:
 
     def gather(self, rows: np.ndarray) -> np.ndarray:
         """The values at ``rows``, as a new array."""
-        if not len(rows):
-            return np.empty(0, dtype=self.dtype)
-        view = self._mapped()
-        try:
-            return view[rows]
-        finally:
-            self._drop()
+        out = np.empty(len(rows), dtype=self.dtype)
+        for at, view in self._batches(len(rows)):
+            out[at] = view[rows[at]]
+        return out
 
     def scatter(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Set the values at ``rows``."""
-        if not len(rows):
-            return
-        view = self._mapped()
-        try:
-            view[rows] = values
-        finally:
-            self._drop()
+        for at, view in self._batches(len(rows)):
+            view[rows[at]] = values[at]
 
     def slices(self, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
         """Bytes ``starts[k]`` up to ``ends[k]`` of a ``u1`` column, for each k (names)."""
-        if not len(starts):
-            return []
-        view = self._mapped()
-        try:
-            return [
-                view[start:end].tobytes() for start, end in zip(starts.tolist(), ends.tolist(), strict=True)
-            ]
-        finally:
-            self._drop()
+        out: list[bytes] = []
+        for at, view in self._batches(len(starts)):
+            bounds = zip(starts[at].tolist(), ends[at].tolist(), strict=True)
+            out += [view[start:end].tobytes() for start, end in bounds]
+        return out
+
+    def _batches(self, count: int) -> Iterator[tuple[slice, np.ndarray]]:
+        """``(slice of the caller's rows, the mapped column)`` for each batch of ``count`` rows
+        (see MAPPED_BYTES), the pages the caller touched dropped after each."""
+        step = count if self.length * self.dtype.itemsize <= MAPPED_BYTES else ROWS_MAPPED
+        for start in range(0, count, max(step, 1)):
+            view = self._mapped()
+            try:
+                yield slice(start, start + step), view
+            finally:
+                self._drop()
 
     def _mapped(self) -> np.ndarray:
         if self._view is None:
             self._map = mmap.mmap(self._fd, self.length * self.dtype.itemsize)
+            # A read of a row never written (a sparse column being scattered) then maps its page
+            # alone, not the 64 KiB of zeros the kernel's read-ahead fills around it.
+            self._map.madvise(mmap.MADV_RANDOM)
             self._view = np.frombuffer(self._map, dtype=self.dtype)
         return self._view
 

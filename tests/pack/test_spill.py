@@ -74,8 +74,9 @@ def _index_sections(dst: Path) -> dict[str, np.ndarray]:
 def test_chunk_sizes_never_change_the_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str, compress: bool
 ) -> None:
-    """Every buffer and chunk at a few rows, so each boundary falls inside a folder, a run of files
-    or a name: the index is the one the default sizes write. Two files vanish after the walk
+    """Every buffer and chunk at a few rows or bytes (every gather and scatter in batches), so each
+    boundary falls inside a folder, a run of files, a name or a value: the index is the one the
+    default sizes write. Two files vanish after the walk
     (``--skip-errors`` drops them and renumbers the rows after)."""
     src = make_odd_tree(tmp_path / "src")
     vanish = [src / "many" / "file-0007.dat", src / "classes" / "n00000001" / "n00000001_3.JPEG"]
@@ -96,9 +97,20 @@ def test_chunk_sizes_never_change_the_index(
     summaries = {}
     for label, sizes in (
         ("default", {}),
-        ("tiny", {"FLUSH_ROWS": 2, "CHUNK": 3, "ROWS_CHUNK": 3, "PLACED_BUFFER": 2}),
+        (
+            "tiny",
+            {
+                "FLUSH_ROWS": 2,
+                "CHUNK": 3,
+                "ROWS_CHUNK": 3,
+                "PLACED_BUFFER": 2,
+                "PIECE": 3,
+                "MAPPED_BYTES": 0,
+                "ROWS_MAPPED": 2,
+            },
+        ),
     ):
-        for module in (walk, placement, columns):
+        for module in (walk, placement, columns, spill):
             for name, value in sizes.items():
                 if hasattr(module, name):
                     monkeypatch.setattr(module, name, value)
