@@ -27,8 +27,12 @@ _SLASH, _DOT = ord("/"), ord(".")
 BLOCK = 1 << 15
 
 
-def check_rows(meta: dict[str, Any], arrays: dict[str, np.ndarray], kind: np.ndarray, source: str) -> None:
+def check_rows(
+    meta: dict[str, Any], arrays: dict[str, np.ndarray], kind: np.ndarray, source: str
+) -> np.ndarray:
     """Raise ``DatasetError`` (via ``format.invalid_index``) at the first rule the rows break.
+    Returns the first row of each directory's run of children (int64, increasing), which the tree
+    check finds anyway and the index keeps (``Index.run_start``).
 
     ``kind`` is ``mode & TYPE_MASK``, which the index keeps anyway. Column lengths were checked by
     ``format.decode_index``.
@@ -39,10 +43,11 @@ def check_rows(meta: dict[str, Any], arrays: dict[str, np.ndarray], kind: np.nda
         raise fmt.invalid_index(source, "no root directory")
     is_file, is_dir, is_link = kind == stat.S_IFREG, kind == stat.S_IFDIR, kind == stat.S_IFLNK
     _first(source, ~(is_file | is_dir | is_link), "is neither a file, a directory nor a symlink")
-    _check_tree(parent, is_dir, source)
+    runs = _check_tree(parent, is_dir, source)
     _check_names(parent, name_off, names, source)
     _check_files(meta, arrays, is_file, source)
     _check_links(arrays, is_link, source)
+    return runs
 
 
 def _first(source: str, bad: np.ndarray, problem: str, rows: np.ndarray | None = None, base: int = 0) -> None:
@@ -54,18 +59,20 @@ def _first(source: str, bad: np.ndarray, problem: str, rows: np.ndarray | None =
         raise fmt.invalid_index(source, f"entry {row} {problem}")
 
 
-def _check_tree(parent: np.ndarray, is_dir: np.ndarray, source: str) -> None:
+def _check_tree(parent: np.ndarray, is_dir: np.ndarray, source: str) -> np.ndarray:
     """Rows are numbered breadth-first: parents never decrease, and a directory's first child
     comes after it. Then following parents from any row strictly descends to the root (no cycle,
-    nothing outside the tree), and every directory's children are one run of rows."""
+    nothing outside the tree), and every directory's children are one run of rows, which starts
+    at a row returned."""
     if parent.size == 1:
-        return
+        return np.zeros(0, dtype=np.int64)
     below = parent[1:]
     _first(source, below[1:] < below[:-1], "has a parent listed before its predecessor's", base=2)
     runs = 1 + np.flatnonzero(np.concatenate(([True], below[1:] != below[:-1])))  # each parent's first child
     owners = parent[runs]
     _first(source, owners >= runs, "is listed before its parent directory", runs)
     _first(source, ~is_dir[owners], "has a parent that is not a directory", runs)
+    return runs
 
 
 def _check_names(parent: np.ndarray, name_off: np.ndarray, names: np.ndarray, source: str) -> None:

@@ -80,6 +80,9 @@ struct dataset {
     uint64_t region;       /* bytes of shard fetched around a file read from storage (0: none) */
     const uint8_t *wanted; /* per row: 1 for a folder whose listings must give every entry attributes */
     uint32_t readdirplus_auto; /* the mount asked the kernel for READDIRPLUS_AUTO */
+    const uint32_t *run_parent; /* each folder's run of children (see children()) */
+    const int64_t *run_start;
+    uint64_t runs;
 };
 
 /* Each thread's own, summed when Python asks (dlfs_server_counts): the hot path takes no lock. */
@@ -169,56 +172,23 @@ static void reply(struct worker *w, uint64_t unique, int error, const void *data
 
 static int is_dataset(uint64_t inode) { return inode >= 1 && inode <= ds.count; }
 
-/* Each folder's run of children, for the folders that have any: run_parent[k] (increasing) owns
- * rows run_start[k] up to run_start[k + 1] (the last run: up to the end). Rows are breadth-first,
- * so each folder's children are one run of the non-decreasing parent column (row 0 is its own
- * parent). 8 bytes a folder with children. A LOOKUP searches this table, 21,841 runs at
- * ImageNet-21k's shape (171 KiB, in the CPU's cache), rather than the column, 14.2 M rows (57 MB:
- * a cache and TLB miss for each of the last probes of two searches). The daemon's CPU per LOOKUP
- * (make bench-bigindex): 16.1 us at 14.2 M rows and 15.7 at 1.28 M this way, 19.0 and 17.5
- * searching the column. */
-static uint32_t *run_parent, *run_start;
-static uint64_t n_runs;
-
-/* 0, or -errno: -EOVERFLOW for 2^32 rows or more (an index of over 250 GB), -ENOMEM. */
-static int build_runs(void) {
-    free(run_parent);
-    free(run_start);
-    run_parent = run_start = NULL;
-    n_runs = 0;
-    if (ds.count > UINT32_MAX)
-        return -EOVERFLOW;
-    uint64_t n = 0;
-    for (uint64_t k = 1; k < ds.count; k++)
-        n += k == 1 || ds.parent[k] != ds.parent[k - 1];
-    run_parent = malloc((n ? n : 1) * sizeof *run_parent);
-    run_start = malloc((n ? n : 1) * sizeof *run_start);
-    if (!run_parent || !run_start)
-        return -ENOMEM;
-    for (uint64_t k = 1; k < ds.count; k++)
-        if (k == 1 || ds.parent[k] != ds.parent[k - 1]) {
-            run_parent[n_runs] = ds.parent[k];
-            run_start[n_runs++] = (uint32_t)k;
-        }
-    return 0;
-}
-
-/* The rows whose parent is row: [*start, *stop), empty (1, 1) for a folder without children. */
+/* The rows whose parent is row: [*start, *stop), empty (1, 1) for a folder without children;
+ * from the index's table of runs (dlfs.core.index.Index.run_start, which says why). */
 static void children(uint64_t row, uint64_t *start, uint64_t *stop) {
-    uint64_t lo = 0, hi = n_runs;
+    uint64_t lo = 0, hi = ds.runs;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (run_parent[mid] < row)
+        if (ds.run_parent[mid] < row)
             lo = mid + 1;
         else
             hi = mid;
     }
-    if (lo == n_runs || run_parent[lo] != row) {
+    if (lo == ds.runs || ds.run_parent[lo] != row) {
         *start = *stop = 1;
         return;
     }
-    *start = run_start[lo];
-    *stop = lo + 1 < n_runs ? run_start[lo + 1] : ds.count;
+    *start = (uint64_t)ds.run_start[lo];
+    *stop = lo + 1 < ds.runs ? (uint64_t)ds.run_start[lo + 1] : ds.count;
 }
 
 /* The link count, as dlfs.core.index.Index.link_counts gives it: 2 + subdirectories for a folder. */
@@ -679,9 +649,6 @@ const void *dlfs_server_io(void) { return &io; }
  * Python's loop waits on (libfuse closes it at the end), or -errno. */
 int dlfs_server_prepare(const struct dataset *dataset) {
     ds = *dataset;
-    int built = build_runs();
-    if (built < 0)
-        return built;
     for (int k = 0; k < SLOTS; k++)
         pthread_mutex_init(&slots[k].lock, NULL);
     wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);

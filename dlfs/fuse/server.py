@@ -70,6 +70,9 @@ class _Dataset(ctypes.Structure):
         ("region", ctypes.c_uint64),
         ("wanted", ctypes.c_void_p),
         ("readdirplus_auto", ctypes.c_uint32),
+        ("run_parent", ctypes.c_void_p),
+        ("run_start", ctypes.c_void_p),
+        ("runs", ctypes.c_uint64),
     ]
 
 
@@ -156,6 +159,9 @@ class NativeServer:
             region=region if self.reads_files else 0,
             wanted=known.wanted.ctypes.data,
             readdirplus_auto=readdirplus_auto,
+            run_parent=index.run_parent.ctypes.data,
+            run_start=index.run_start.ctypes.data,
+            runs=index.run_start.size,
         )
         self.threads = 0
         self._scanned = np.empty(SCANNED_BATCH, dtype=np.uint64)
