@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, dlfs_mount, ensure_tree, warm_storage
+from benchlib import DLFS, current_dataset, dlfs_mount, ensure_tree, warm_storage
 
 from dlfs import bench
 from dlfs.bench import peers
@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, work = args.work / "src", args.work / "dataset", args.work / "loader"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (dst / "index.dlfs").exists():
+    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(dst):
         subprocess.run([*DLFS, "-q", "pack", str(src), str(dst), "--force"], check=True, capture_output=True)
     squash = peers.PEERS[1]
     image, _ = peers.build(squash, src, work)

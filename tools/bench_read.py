@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, dlfs_mount, ensure_tree, warm_storage
+from benchlib import DLFS, current_dataset, dlfs_mount, ensure_tree, warm_storage
 
 from dlfs import bench
 
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, mnt = args.work / "src", args.work / "dataset", args.work / "mnt"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not (dst / "index.dlfs").exists():
+    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(dst):
         subprocess.run([*DLFS, "-q", "pack", str(src), str(dst), "--force"], check=True, capture_output=True)
     temperatures = ["warm", "cold"] if os.access(bench.DROP_CACHES, os.W_OK) else ["warm"]
     with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log")):

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (
     DLFS,
     can_drop_caches,
+    current_dataset,
     dlfs_mount,
     drop_caches,
     ensure_tree,
@@ -107,7 +108,7 @@ def main() -> None:
     ensure_tree(args.work, args.files, args.classes, "tiny")
     results: dict[str, object] = {"files": args.files, "classes": args.classes}
 
-    if not (args.reuse_dataset and (dst / "index.dlfs").exists()):
+    if not (args.reuse_dataset and current_dataset(dst)):
         shutil.rmtree(dst, ignore_errors=True)
         command = [*DLFS, "-q", "pack", str(src), str(dst)]
         results["pack_seconds"] = timed(lambda: subprocess.run(command, check=True, capture_output=True))[0]

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dlfs import bench
-from dlfs.core.errors import MountError
+from dlfs.core import format as fmt
+from dlfs.core.errors import DatasetError, MountError
 from dlfs.fuse.mount import unmount
 
 DLFS = [sys.executable, "-m", "dlfs.cli"]
@@ -58,6 +59,16 @@ def ensure_tree(work: Path, files: int, classes: int, payload: str) -> bool:
     )
     generate(work / "src", classes, files, payload=payload, seed=0, jobs=os.cpu_count() or 2)
     marker.touch()
+    return True
+
+
+def current_dataset(dataset: Path) -> bool:
+    """Is ``dataset`` packed in the index format this dlfs mounts? A bench packs it again if not."""
+    try:
+        with open(dataset / fmt.INDEX_NAME, "rb") as f:
+            fmt.index_header(f.read(fmt.HEADER_SIZE), str(dataset))
+    except (OSError, DatasetError):
+        return False
     return True
 
 
