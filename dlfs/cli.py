@@ -480,7 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pack", parents=[common], help="pack a directory tree into shards + index")
     p.add_argument("src", help="the directory tree to pack")
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
-    p.add_argument("--shard-size", type=parse_size, default="1G", help="target shard size (default 1G)")
+    p.add_argument(
+        "--shard-size", type=parse_size, default="1G", help="target shard size, at most 4G (default 1G)"
+    )
     p.add_argument("--jobs", "-j", type=int, help="parallel file readers (default 2 per CPU, at most 8)")
     p.add_argument(
         "--compress",

@@ -30,6 +30,15 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
 SMALL_SHARD = 64 * 1024
 FIXED_NS = 1_600_000_000_123_456_789
+#: (uid, gid) of entries of the odd tree that root does not own: numbers that need 32 bits, and
+#: one pair shared by two entries.
+OWNERS = {
+    "plain.txt": (1234, 5678),
+    "exec.sh": (4_000_000_000, 4_000_000_001),
+    "many/file-0001.dat": (1234, 5678),
+    "empty-dir": (70_000, 0),
+    "link-to-file": (0, 65_536),
+}
 TEST_BUCKET = "dlfs-tests"
 #: The ordinary user the tests run commands as (``ordinary_user``, ``as_user``).
 ORDINARY_USER = "dlfs-test"
@@ -105,7 +114,8 @@ def write(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def make_odd_tree(root: Path) -> Path:
-    """Every case a real dataset throws at pack: odd names, links, empties, depth, sizes, modes."""
+    """Every case a real dataset throws at pack: odd names, links, empties, depth, sizes, modes,
+    owners (uids and gids past 16 bits, a directory and a symlink of their own)."""
     rng = __import__("random").Random(7)
     write(root / "plain.txt", b"hello dlfs\n")
     write(root / "empty.bin", b"")
@@ -140,6 +150,8 @@ def make_odd_tree(root: Path) -> Path:
     os.symlink("/etc/hostname", root / "link-absolute-outside")
     os.symlink("../../../outside/of/src", root / "many" / "link-escaping")
     os.symlink("does-not-exist", root / "link-dangling")
+    for path, (uid, gid) in OWNERS.items():
+        os.chown(root / path, uid, gid, follow_symlinks=False)
     set_times(root)
     return root
 
@@ -153,9 +165,10 @@ def set_times(root: Path) -> None:
 
 
 def find_listing(root: Path) -> bytes:
-    """Names, types, sizes, modes, mtimes and link targets of every entry, as find prints them."""
+    """Names, types, sizes, modes, owners, mtimes and link targets of every entry, as find prints
+    them."""
     out = subprocess.run(
-        ["find", ".", "-printf", r"%P %y %s %m %T@ %l\0"],
+        ["find", ".", "-printf", r"%P %y %s %m %U %G %T@ %l\0"],
         cwd=root,
         capture_output=True,
         check=True,

@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import can_drop_caches, dlfs_mount, drop_caches, warm_storage
+from benchlib import can_drop_caches, current_dataset, dlfs_mount, drop_caches, warm_storage
 
 from dlfs import __version__
 from dlfs.core import format as fmt
@@ -76,8 +76,8 @@ def synthesise(dst: Path, files: int, classes: int) -> None:
         "name_off": name_off,
         "names": np.concatenate([folder_names.ravel(), file_names.ravel()]),
         "mode": np.where(is_file, stat.S_IFREG | 0o644, stat.S_IFDIR | 0o755),
-        "uid": np.zeros(rows, np.uint32),
-        "gid": np.zeros(rows, np.uint32),
+        "owner": np.zeros(rows, np.uint16),
+        "owners": np.zeros(2, np.uint32),
         "size": np.where(is_file, len(PAYLOAD), 0),
         "mtime": np.full(rows, 1_600_000_000 * 10**9, np.int64),
         "shard": np.zeros(rows, np.uint32),
@@ -160,7 +160,7 @@ def ensure_dataset(work: Path, shape: str) -> Path:
     """The dataset of ``shape`` under ``work``, synthesised on first use."""
     files, classes = SHAPES[shape]
     dataset = work / shape
-    if not (dataset / fmt.INDEX_NAME).exists():
+    if not current_dataset(dataset):
         print(f"synthesising {shape}: {files:,} files in {classes:,} folders", file=sys.stderr, flush=True)
         synthesise(dataset, files, classes)
     return dataset

@@ -59,8 +59,8 @@ class Index:
         self.name_off = arrays["name_off"]
         self.names = arrays["names"]
         self.mode = arrays["mode"]
-        self.uid = arrays["uid"]
-        self.gid = arrays["gid"]
+        self.owner = arrays["owner"]
+        self.owners = arrays["owners"]
         self.size = arrays["size"]
         self.mtime = arrays["mtime"]
         self.shard = arrays["shard"]
@@ -84,6 +84,9 @@ class Index:
         #: way, 19.0 and 17.5 searching the column.
         self.run_start = validate.check_rows(meta, arrays, self._kind, source)
         self.run_parent = self.parent[self.run_start]
+        #: (uid, gid) of each owner, the rows ``owner`` numbers: a handful in a real tree.
+        self._owner_ids = self.owners.reshape(-1, 2)
+        self._owner_list = [(uid, gid) for uid, gid in self._owner_ids.tolist()]
 
     @classmethod
     def load(cls, store: Store, copies: Path | None = None) -> Index:
@@ -221,11 +224,12 @@ class Index:
         if kind == stat.S_IFDIR:
             return self.attrs_run(range(row, row + 1))[0]
         used = self.stored.item(row) if kind == stat.S_IFREG else 0
+        uid, gid = self._owner_list[self.owner.item(row)]
         return Attrs(
             self.mode.item(row),
             1,
-            self.uid.item(row),
-            self.gid.item(row),
+            uid,
+            gid,
             self.size.item(row),
             stat_blocks(used),
             self.mtime.item(row),
@@ -243,11 +247,12 @@ class Index:
         used = np.where(kind == stat.S_IFREG, self.stored[window], 0)
         used = np.where(kind == stat.S_IFDIR, self.size[window], used)
         blocks = stat_blocks(used)
+        owners = self._owner_ids[self.owner[window]]
         return (
             self.mode[window],
             self.link_counts(rows),
-            self.uid[window],
-            self.gid[window],
+            owners[:, 0],
+            owners[:, 1],
             self.size[window],
             blocks,
             self.mtime[window],

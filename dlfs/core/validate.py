@@ -47,6 +47,7 @@ def check_rows(
     _check_names(parent, name_off, names, source)
     _check_files(meta, arrays, is_file, source)
     _check_links(arrays, is_link, source)
+    _check_owners(arrays, source)
     return runs
 
 
@@ -160,7 +161,7 @@ def _check_sibling_block(
     pairs are still equal so far (the first bytes of ImageNet's names are their folder's), then
     only over the pairs that are."""
     starts = offsets[:-1]
-    sizes = np.diff(offsets).view(np.int64)
+    sizes = np.diff(offsets).astype(np.int64)
     longer = np.maximum(sizes[:-1], sizes[1:])  # of each row and the next
     depth = 0
     while 4 * np.count_nonzero(tied) > tied.size:
@@ -230,3 +231,12 @@ def _check_links(arrays: dict[str, np.ndarray], is_link: np.ndarray, source: str
     _first(source, bad, "has a symlink target outside the links blob, empty or over 4095 bytes", rows)
     if links.size and links.min() == 0:
         raise fmt.invalid_index(source, "a symlink target contains NUL")
+
+
+def _check_owners(arrays: dict[str, np.ndarray], source: str) -> None:
+    """The owners table is (uid, gid) pairs, and every entry's ``owner`` is one of its rows."""
+    owner, owners = arrays["owner"], arrays["owners"]
+    if owners.size % 2:
+        raise fmt.invalid_index(source, "its owners table is not (uid, gid) pairs")
+    if int(owner.max()) >= owners.size // 2:
+        _first(source, owner >= owners.size // 2, "names an owner past the owners table")

@@ -12,9 +12,10 @@
 
 /* The index's columns (dlfs/format.py SECTIONS), little-endian like the host this is built for. */
 struct columns {
-    const uint64_t *name_off; /* one past the last row too: names of row r are [name_off[r], name_off[r+1]) */
+    const uint32_t *name_off; /* one past the last row too: names of row r are [name_off[r], name_off[r+1]) */
     const uint8_t *names;
-    const uint32_t *mode, *uid, *gid;
+    const uint16_t *mode, *owner;
+    const uint32_t *owners; /* (uid, gid) pairs; row r's are owners[2 * owner[r]] and the next */
     const uint64_t *size, *stored;
     const int64_t *mtime;
 };
@@ -49,8 +50,8 @@ static inline void fill_entry(struct fuse_entry_out *e, const struct columns *c,
     e->attr.atimensec = e->attr.mtimensec = e->attr.ctimensec = (uint32_t)nsec;
     e->attr.mode = mode;
     e->attr.nlink = nlink;
-    e->attr.uid = c->uid[row];
-    e->attr.gid = c->gid[row];
+    e->attr.uid = c->owners[2 * c->owner[row]];
+    e->attr.gid = c->owners[2 * c->owner[row] + 1];
     e->attr.blksize = S_ISDIR(mode) ? r->dir_blksize : r->file_blksize;
 }
 

@@ -69,8 +69,8 @@
 struct dataset {
     struct columns c;
     struct reply r;
-    const uint32_t *parent, *shard;
-    const uint64_t *offset, *checksum;
+    const uint32_t *parent, *shard, *offset;
+    const uint64_t *checksum;
     const uint8_t *flags;
     const int32_t *shard_fds; /* a descriptor per shard, or -1: its files are read by Python */
     uint64_t count;           /* rows; inodes 1 .. count are the dataset's, the rest the control tree's */

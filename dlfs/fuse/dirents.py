@@ -163,7 +163,7 @@ class Columns(ctypes.Structure):
 
     _fields_ = [
         (name, ctypes.c_void_p)
-        for name in ("name_off", "names", "mode", "uid", "gid", "size", "stored", "mtime")
+        for name in ("name_off", "names", "mode", "owner", "owners", "size", "stored", "mtime")
     ]
 
     @classmethod

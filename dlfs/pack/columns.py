@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from dlfs.core import format as fmt
+from dlfs.core.errors import PackError
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
@@ -43,6 +44,11 @@ class Placed:
         return self.count
 
     def add(self, row: int, payload: Payload, shard: int, offset: int, stored: int) -> None:
+        if offset >= fmt.SHARD_MAX:  # only files that grew since the walk are put past the target
+            raise PackError(
+                "files grew while being packed until one started 4 GiB into its shard; "
+                "pack again once the source tree is still"
+            )
         self._rows.append(row)
         self._size.append(payload.size)
         values = self._values
@@ -154,11 +160,13 @@ class IndexRows:
 
     def sections(self) -> dict[str, tuple[int, Iterator[np.ndarray]]]:
         """Each section's element count and the chunks of its values, in ``fmt.SECTIONS`` terms."""
+        owners = self.tree.owners  # (uid, gid) -> owner, numbered in order
         out: dict[str, tuple[int, Iterator[np.ndarray]]] = {
             "parent": (self.entries, self._parents()),
             "name_off": (self.entries + 1, self._name_offsets()),
             "names": (self.name_bytes, self._names()),
             "links": (len(self.tree.links), self._blob("links")),
+            "owners": (2 * len(owners), [np.array(list(owners), dtype=np.uint32).ravel()]),
         }
         for column in fmt.SECTIONS:
             out.setdefault(column, (self.entries, self._column(column)))

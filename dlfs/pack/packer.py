@@ -48,8 +48,8 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     for guarantees."""
     if options.order not in ORDERS:
         raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
-    if options.shard_size < 4096:
-        raise PackError("shard size must be at least 4 KiB")
+    if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
+        raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
     if not src_path.exists():
         raise PackError(f"source {src} does not exist")

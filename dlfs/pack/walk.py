@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlfs.core import format as fmt
+from dlfs.core.errors import PackError
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.spill import Spill
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 #: Rows the walk holds in memory before appending them to its column files.
 FLUSH_ROWS = 1 << 16
 #: The walk's per-row columns and their types (the index's own widths).
-ROW_COLUMNS = {"parent": "I", "mode": "I", "uid": "I", "gid": "I", "size": "Q", "mtime": "q", "name_end": "Q"}
+ROW_COLUMNS = {"parent": "I", "mode": "H", "owner": "H", "size": "Q", "mtime": "q", "name_end": "Q"}
 
 
 @dataclass
@@ -47,7 +48,8 @@ class Tree:
 
     Columns: ``ROW_COLUMNS`` per row (``name_end``: where row r's name ends in ``names``), the
     ``names`` blob, ``files`` (the rows of regular files, in row order), and the symlinks'
-    ``link_rows`` with their targets in ``links`` (target k ends at ``link_end[k]``).
+    ``link_rows`` with their targets in ``links`` (target k ends at ``link_end[k]``). ``owners``
+    numbers each (uid, gid) pair in the order the walk meets it, as the ``owner`` column does.
     """
 
     def __init__(self, spill: Spill) -> None:
@@ -58,6 +60,7 @@ class Tree:
         self.link_end = spill.column("link_end", np.uint64)
         self.links = spill.column("links", np.uint8)
         self.dirs: dict[int, Directory] = {}
+        self.owners: dict[tuple[int, int], int] = {}
         self.count = 0
         #: The regular files' bytes, as the walk saw them.
         self.file_bytes = 0
@@ -78,8 +81,8 @@ class Tree:
         self._names += name
         rows["name_end"].append(self._names_length + len(self._names))
         rows["mode"].append(st.st_mode)
-        rows["uid"].append(st.st_uid)
-        rows["gid"].append(st.st_gid)
+        owner = self.owners.get((st.st_uid, st.st_gid))
+        rows["owner"].append(self._new_owner(st) if owner is None else owner)
         rows["size"].append(st.st_size)
         rows["mtime"].append(st.st_mtime_ns)
         if stat.S_ISREG(st.st_mode):
@@ -89,6 +92,15 @@ class Tree:
         if len(rows["parent"]) >= FLUSH_ROWS:
             self.flush()
         return row
+
+    def _new_owner(self, st: os.stat_result) -> int:
+        if len(self.owners) == fmt.OWNERS_MAX:
+            raise PackError(
+                f"the source tree has more than {fmt.OWNERS_MAX:,} distinct (uid, gid) owners, more than "
+                "one index holds; pack its folders as separate datasets"
+            )
+        owner = self.owners[st.st_uid, st.st_gid] = len(self.owners)
+        return owner
 
     def add_link(self, row: int, target: bytes) -> None:
         self._link_rows.append(row)
@@ -102,6 +114,12 @@ class Tree:
             del values[:]
         self._names_length += len(self._names)
         self._links_length += len(self._links)
+        for what, length in (("names", self._names_length), ("symlink targets", self._links_length)):
+            if length > fmt.BLOB_MAX:
+                raise PackError(
+                    f"the {what} in the source tree take more than 4 GiB, more than one index holds; "
+                    "pack its folders as separate datasets"
+                )
         for column, buffer in (
             (self.names, self._names),
             (self.files, self._files),

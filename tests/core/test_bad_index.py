@@ -138,7 +138,9 @@ def _past_shard(name: str) -> Callable[[Arrays, Meta], None]:
 
 
 def _wrapping(arrays: Arrays, meta: Meta) -> None:
-    arrays["offset"][ROW_B] = arrays["stored"][ROW_B] = arrays["size"][ROW_B] = 1 << 63
+    """Bytes 100 up to 100 + (2^64 - 50): their end wraps round to 50, inside the shard."""
+    arrays["offset"][ROW_B] = 100
+    arrays["stored"][ROW_B] = arrays["size"][ROW_B] = (1 << 64) - 50
 
 
 LONG = b"p" * 40
@@ -171,6 +173,11 @@ COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
     "a size unlike the stored bytes": (_set("size", ROW_B, 1), "different number of bytes"),
     "a huge lz4 size": (_lz4_huge, "impossible lz4 size"),
     "an unknown flag": (_set("flags", ROW_B, 0x80), "flags"),
+    "an owner past the table": (_set("owner", ROW_B, 1), "past the owners table"),
+    "an owners table of odd length": (
+        lambda a, m: a.__setitem__("owners", np.zeros(3, np.uint32)),
+        "not (uid, gid) pairs",
+    ),
     "a link past its blob": (_set("stored", ROW_LINK, 1000), "symlink target"),
     "a link with NUL": (_links_blob, "contains NUL"),
     "a shard named outside": (_meta("shards", [["../../etc/passwd", 4096]]), "is not named"),
@@ -219,7 +226,10 @@ LAYOUT_CASES: dict[str, tuple[Callable[[bytes], bytes], str]] = {
         _sections(lambda s: s.__setitem__("extra", [64, 0])),
         "exactly the known sections",
     ),
-    "columns of unlike lengths": (_sections(lambda s: s["uid"].__setitem__(1, 3)), "elements for 8 entries"),
+    "columns of unlike lengths": (
+        _sections(lambda s: s["owner"].__setitem__(1, 3)),
+        "elements for 8 entries",
+    ),
     "metadata that is not JSON": (lambda raw: with_meta(raw, b"{nope"), "not JSON"),
     "metadata nested too deep": (lambda raw: with_meta(raw, b"[" * 100_000), "not JSON"),
     "metadata that is a list": (lambda raw: with_meta(raw, b"[]"), "not an object"),
@@ -252,6 +262,7 @@ def one_folder(names: list[bytes]) -> bytes:
     arrays["name_off"] = np.concatenate(([0, 0], np.cumsum([len(n) for n in names]))).astype(np.uint64)
     arrays["names"] = np.frombuffer(b"".join(names), dtype=np.uint8)
     arrays["links"] = np.zeros(0, dtype=np.uint8)
+    arrays["owners"] = np.zeros(2, dtype=np.uint32)
     dataset_id = "0123456789abcdef" * 2
     meta = {"dataset_id": dataset_id, "shards": [[fmt.shard_name(dataset_id, 0), fmt.HEADER_SIZE]]}
     return fmt.encode_index(arrays, meta)

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -116,3 +117,11 @@ def test_encoded_index_round_trips_every_column() -> None:
     for name in fmt.SECTIONS:
         assert np.array_equal(decoded.arrays[name], arrays[name])
     assert decoded.meta["dataset_id"] == "ab" * 16
+
+
+def test_a_value_too_wide_for_its_column_is_refused_not_cut_short() -> None:
+    arrays = {name: np.zeros(3, dtype=dtype) for name, dtype in fmt.SECTIONS.items()}
+    arrays["name_off"] = np.zeros(4, dtype=np.uint64)
+    arrays["offset"] = np.array([0, 1 << 32, 0], dtype=np.uint64)
+    with pytest.raises(ValueError, match="offset: values out of range"):
+        fmt.encode_index(arrays, {"dataset_id": "ab" * 16, "shards": []})

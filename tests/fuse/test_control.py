@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import DLFS, assert_one_line_error, dlfs, drop_from_memory
 
+from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec, epoch_order
 from dlfs.core.protocol import MAX_WORLD, escape, parse_order, unescape
@@ -106,7 +107,11 @@ def test_control_files_refuse_writes(packed: Path, mount) -> None:
 def test_config_and_stats_are_json_and_stats_are_fresh(packed: Path, mount) -> None:
     with mount(packed, "--seed", "4", "--order", "block") as mnt:
         config = json.loads((Path(mnt) / ".dlfs" / "config").read_text())
-        assert config["seed"] == 4 and config["mode"] == "block" and config["format_version"] == 1
+        assert (
+            config["seed"] == 4
+            and config["mode"] == "block"
+            and config["format_version"] == fmt.FORMAT_VERSION
+        )
         assert len(config["dataset_id"]) == 32
         first = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
         for path in list(Path(mnt).glob("many/*"))[:50]:

@@ -13,6 +13,7 @@ from conftest import DLFS, assert_one_line_error, dlfs, wait_until
 
 from dlfs.core import format as fmt
 from dlfs.core import libc
+from dlfs.core.errors import PackError
 from dlfs.core.index import Index
 from dlfs.core.store import LocalStore, local
 from dlfs.pack import PackOptions, pack, packer, pipeline
@@ -42,6 +43,29 @@ def test_foreign_destination_and_destination_inside_source_are_refused(
     (foreign / "notes.txt").write_text("mine")
     assert_one_line_error(dlfs("pack", odd_tree, foreign, check=False), "not empty")
     assert_one_line_error(dlfs("pack", odd_tree, odd_tree / "many" / "ds", check=False), "inside the source")
+
+
+def test_a_shard_size_past_what_a_32_bit_offset_addresses_is_refused(odd_tree: Path, tmp_path: Path) -> None:
+    for size, message in (("5G", "at most 4 GiB"), ("1K", "at least 4 KiB")):
+        result = dlfs("pack", odd_tree, tmp_path / "dst", "--shard-size", size, check=False)
+        assert_one_line_error(result, message)
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize(
+    ("limit", "value", "message"),
+    [("OWNERS_MAX", 3, "distinct (uid, gid) owners"), ("BLOB_MAX", 1000, "the names in the source tree")],
+)
+def test_a_tree_past_what_one_index_holds_is_refused_with_nothing_published(
+    odd_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int, message: str
+) -> None:
+    """The bounds of the index's 16- and 32-bit columns, made small: the odd tree has five owners
+    and about 4 KiB of names."""
+    monkeypatch.setattr(fmt, limit, value)
+    with pytest.raises(PackError, match="pack its folders as separate datasets") as info:
+        pack(odd_tree, tmp_path / "dst", PackOptions(progress=False))
+    assert message in str(info.value)
+    assert not list(tmp_path.glob("dst/*"))
 
 
 def _big_tree(src: Path, files: int = 3000, size: int = 256 * 1024) -> Path:
