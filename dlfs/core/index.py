@@ -70,7 +70,6 @@ class Index:
         self.flags = arrays["flags"]
         self.links = arrays["links"]
         self.count = int(self.parent.size)
-        self._kind = self.mode & fmt.TYPE_MASK
         # Byte view of the names blob: slicing it costs a third of slicing the numpy array, and a
         # LOOKUP compares about log2(entries in the directory) names.
         self._name_bytes = memoryview(self.names)
@@ -82,7 +81,7 @@ class Index:
         #: (57 MB at 14.2 M rows: a cache and TLB miss for each of a search's last probes). Daemon
         #: CPU per LOOKUP (make bench-bigindex): 16.1 us at 14.2 M rows and 15.7 at 1.28 M this
         #: way, 19.0 and 17.5 searching the column.
-        self.run_start = validate.check_rows(meta, arrays, self._kind, source)
+        self.run_start = validate.check_rows(meta, arrays, self.kinds(slice(None)), source)
         self.run_parent = self.parent[self.run_start]
         #: (uid, gid) of each owner, the rows ``owner`` numbers: a handful in a real tree.
         self._owner_ids = self.owners.reshape(-1, 2)
@@ -124,7 +123,7 @@ class Index:
         if not described:
             return ""
         changed = int(np.count_nonzero(self.flags & fmt.FLAG_TRANSFORMED))
-        files = int(np.count_nonzero(self._kind == stat.S_IFREG))
+        files = int(np.count_nonzero(self.kinds(slice(None)) == stat.S_IFREG))
         return f"{described['spec']} ({described['codec']}), {changed:,} of {files:,} files"
 
     def check_shards(self, store: Store) -> None:
@@ -155,14 +154,19 @@ class Index:
         off = self.name_off
         return bytes(self._name_bytes[off.item(row) : off.item(row + 1)])
 
+    def kinds(self, rows: slice) -> np.ndarray:
+        """The file-type bits of the rows' modes. Computed when asked, not kept: a column of them
+        would be 27 MiB of daemon memory at 14.2 M entries."""
+        return self.mode[rows] & fmt.TYPE_MASK
+
     def is_dir(self, row: int) -> bool:
-        return bool(self._kind[row] == stat.S_IFDIR)
+        return stat.S_ISDIR(self.mode.item(row))
 
     def is_file(self, row: int) -> bool:
-        return bool(self._kind[row] == stat.S_IFREG)
+        return stat.S_ISREG(self.mode.item(row))
 
     def is_symlink(self, row: int) -> bool:
-        return bool(self._kind[row] == stat.S_IFLNK)
+        return stat.S_ISLNK(self.mode.item(row))
 
     def children(self, row: int) -> range:
         """Rows of a directory's entries, sorted by name; empty for non-directories."""
@@ -220,7 +224,7 @@ class Index:
         A LOOKUP answers one entry; the vectorised run costs ~40 µs of numpy call overhead for a
         run of one, scalar reads ~3 µs. Directories (few) still take the run for their link count.
         """
-        kind = self._kind.item(row)
+        kind = stat.S_IFMT(self.mode.item(row))
         if kind == stat.S_IFDIR:
             return self.attrs_run(range(row, row + 1))[0]
         used = self.stored.item(row) if kind == stat.S_IFREG else 0
@@ -243,7 +247,7 @@ class Index:
         filesystem reports them; a directory's link count is 2 + its subdirectories.
         """
         window = slice(rows.start, rows.stop)
-        kind = self._kind[window]
+        kind = self.kinds(window)
         used = np.where(kind == stat.S_IFREG, self.stored[window], 0)
         used = np.where(kind == stat.S_IFDIR, self.size[window], used)
         blocks = stat_blocks(used)
@@ -261,9 +265,9 @@ class Index:
     def link_counts(self, rows: range) -> np.ndarray:
         """Link counts of consecutive rows: 1 for a file, 2 + its subdirectories for a directory."""
         nlink = np.ones(len(rows), dtype=np.int64)
-        for offset in np.flatnonzero(self._kind[rows.start : rows.stop] == stat.S_IFDIR).tolist():
+        for offset in np.flatnonzero(self.kinds(slice(rows.start, rows.stop)) == stat.S_IFDIR).tolist():
             children = self.children(rows.start + offset)
-            subdirs = self._kind[children.start : children.stop] == stat.S_IFDIR
+            subdirs = self.kinds(slice(children.start, children.stop)) == stat.S_IFDIR
             nlink[offset] = 2 + int(np.count_nonzero(subdirs))
         return nlink
 
@@ -324,7 +328,7 @@ class Index:
 
     def regular_rows(self) -> np.ndarray:
         """Rows of regular files in row order."""
-        return np.flatnonzero(self._kind == stat.S_IFREG)
+        return np.flatnonzero(self.kinds(slice(None)) == stat.S_IFREG)
 
     def file_rows(self) -> np.ndarray:
         """Rows of regular files in storage order (shard, offset): sequential reads for verify."""
