@@ -6,7 +6,7 @@ is appended in chunks (``extend``), then read by range (``read``, a ``pread``: t
 the page cache, not in the process), or gathered and scattered by row through a shared mapping
 whose pages are dropped from the process after every call (``gather``, ``scatter``). Packing
 1.28 M tiny files peaked at 377 MB with the columns in memory, 51 MB this way; 14.2 M files peak
-at 61 MiB, 85 MiB in random placement (``make bench-packmem``; what a fault maps: PIECE).
+at 58 MiB, 85 MiB in random placement (``make bench-packmem``; what a fault maps: PIECE).
 """
 
 from __future__ import annotations
