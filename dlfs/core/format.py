@@ -99,8 +99,9 @@ BLOBS = ("names", "links", "owners")
 #: Most bytes of names, or of symlink targets, one index holds (32-bit offsets address them):
 #: about 200 M ImageNet-style names. A larger tree is packed as several datasets.
 BLOB_MAX = (1 << 32) - 1
-#: Largest shard size ``dlfs pack --shard-size`` accepts: every file starts below it, so a 32-bit
-#: ``offset`` addresses it (a larger file still gets a shard of its own, starting at its header).
+#: Largest shard size ``dlfs pack --shard-size`` accepts: every file starts below the target (a shard
+#: that reaches it takes no more files, empty ones included), so a 32-bit ``offset`` addresses it; a
+#: larger file still gets a shard of its own, starting after the header.
 SHARD_MAX = 1 << 32
 #: Most distinct (uid, gid) pairs one index holds (16-bit ``owner``).
 OWNERS_MAX = 1 << 16
@@ -224,20 +225,22 @@ class DecodedIndex:
     arrays: dict[str, np.ndarray]
 
 
-def index_header(buf: bytes | memoryview, source: str) -> tuple[int, int, int]:
+def index_header(buf: bytes | memoryview, source: str, any_version: bool = False) -> tuple[int, int, int]:
     """(meta offset, meta length, file length) from an index's first ``HEADER_SIZE`` bytes,
-    checked to lie inside the file the header describes (so no reader asks for more)."""
+    checked to lie inside the file the header describes (so no reader asks for more).
+    ``any_version``: also of an index of another format version (the header and the metadata's
+    ``dataset_id`` are laid out alike in every version), to learn which shards are its."""
     if len(buf) < HEADER_SIZE:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
     magic, version, _, meta_offset, meta_length, file_length = INDEX_HEADER.unpack_from(buf)
     if magic != INDEX_MAGIC:
         raise DatasetError(f"{source} is not a dlfs index (bad magic); point dlfs at a packed dataset")
-    if version > FORMAT_VERSION:
-        raise DatasetError(
-            f"{source} has format version {version}, newer than this dlfs reads ({FORMAT_VERSION}); "
-            "upgrade dlfs"
-        )
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and not any_version:
+        if version > FORMAT_VERSION:
+            raise DatasetError(
+                f"{source} has format version {version}, newer than this dlfs reads ({FORMAT_VERSION}); "
+                "upgrade dlfs"
+            )
         raise DatasetError(f"{source} has unsupported format version {version}; re-run dlfs pack")
     if not HEADER_SIZE <= meta_offset <= meta_offset + meta_length <= file_length - TRAILER.size:
         raise invalid_index(source, "its header places the metadata outside the file")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
-from dlfs.core.index import Index
+from dlfs.core.index import stored_dataset_id
 from dlfs.core.store import LocalStore, Store
 from dlfs.pack.options import PackOptions
 
@@ -50,8 +50,8 @@ def replaced_dataset(store: Store, options: PackOptions, kind: str) -> str | Non
         return None
     if not options.force:
         raise PackError(f"destination {store.url} already holds a dlfs dataset; pass --force to replace it")
-    try:
-        return Index.load(store).dataset_id
+    try:  # of any format version: an older dlfs may still be serving it
+        return stored_dataset_id(store, any_version=True)[0]
     except DatasetError:  # an unreadable old index protects nothing; it is replaced like any leftover
         return None
 

@@ -37,8 +37,9 @@ class ShardSet(ABC):
 
     def _full(self, end: int, length: int) -> bool:
         """Does a shard that reaches ``end`` take no file of ``length`` more? A file never spans
-        shards, and one larger than the target gets a shard of its own."""
-        return end > fmt.HEADER_SIZE and end + length > self.target
+        shards, one larger than the target gets a shard of its own, and every file starts below the
+        target (an empty one too), which bounds the offsets the index holds (``fmt.SHARD_MAX``)."""
+        return end > fmt.HEADER_SIZE and end + max(length, 1) > self.target
 
     def _create(self) -> tuple[int, ShardWriter]:
         """The next numbered shard: its number and its writer, which is kept open."""

@@ -116,6 +116,34 @@ def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed:
     assert dlfs("verify", packed).returncode == 0
 
 
+def test_a_repack_over_a_dataset_of_another_format_keeps_its_shards_until_it_is_replaced(
+    odd_tree: Path, packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older dlfs may still be serving that dataset: a pack that fails leaves every shard."""
+    index = packed / fmt.INDEX_NAME
+    with open(index, "r+b") as f:
+        f.seek(len(fmt.INDEX_MAGIC))
+        f.write((fmt.FORMAT_VERSION - 1).to_bytes(4, "little"))
+    shards = sorted(packed.glob("*.shard"))
+    monkeypatch.setattr(fmt, "OWNERS_MAX", 1)  # the new pack fails in its walk
+    with pytest.raises(PackError):
+        pack(odd_tree, packed, PackOptions(progress=False, force=True))
+    assert sorted(packed.glob("*.shard")) == shards
+
+
+def test_every_file_starts_below_the_shard_size(tmp_path: Path) -> None:
+    """An empty file after a shard filled to exactly its target starts the next shard: offsets
+    stay below ``--shard-size``, which bounds them to the index's 32 bits (``fmt.SHARD_MAX``)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"a" * (4096 - fmt.HEADER_SIZE))
+    (src / "b.empty").write_bytes(b"")
+    pack(src, tmp_path / "dst", PackOptions(progress=False, shard_size=4096))
+    index = Index.load(LocalStore(tmp_path / "dst"))
+    row = index.resolve(b"b.empty")
+    assert row is not None and int(index.offset[row]) < 4096
+
+
 def test_unreadable_file_fails_by_default_and_is_skipped_on_request(
     packed: Path, tmp_path: Path, mount
 ) -> None:
