@@ -9,7 +9,7 @@ writes, shrinking and growing, and the checks and every later query read that co
 hold against ``/proc/PID/fd``, through which the daemon's user could otherwise reopen the memfd for
 writing.
 
-The copy is shared memory the size of the index (115 MiB for ImageNet's 1.28 M files, 1.19 GiB at
+The copy is shared memory the size of the index (90 MiB for ImageNet's 1.28 M files, 1,003 MiB at
 14.2 M): unlike the file's page cache it is not reclaimed under pressure, and a memory cgroup counts
 it. Only the pages a query touched count in the daemon's RSS.
 """

@@ -34,7 +34,7 @@ def check_rows(
     Returns the first row of each directory's run of children (int64, increasing), which the tree
     check finds anyway and the index keeps (``Index.run_start``).
 
-    ``kind`` is ``mode & TYPE_MASK``, which the index keeps anyway. Column lengths were checked by
+    ``kind`` is ``mode & TYPE_MASK`` of every row. Column lengths were checked by
     ``format.decode_index``.
     """
     parent, name_off, names = arrays["parent"], arrays["name_off"], arrays["names"]
@@ -234,9 +234,10 @@ def _check_links(arrays: dict[str, np.ndarray], is_link: np.ndarray, source: str
 
 
 def _check_owners(arrays: dict[str, np.ndarray], source: str) -> None:
-    """The owners table is (uid, gid) pairs, and every entry's ``owner`` is one of its rows."""
+    """The owners table is (uid, gid) pairs, no more than a 16-bit ``owner`` can number (the index
+    makes a Python pair of each), and every entry's ``owner`` is one of its rows."""
     owner, owners = arrays["owner"], arrays["owners"]
-    if owners.size % 2:
-        raise fmt.invalid_index(source, "its owners table is not (uid, gid) pairs")
+    if owners.size % 2 or owners.size > 2 * fmt.OWNERS_MAX:
+        raise fmt.invalid_index(source, "its owners table is not at most 65,536 (uid, gid) pairs")
     if int(owner.max()) >= owners.size // 2:
         _first(source, owner >= owners.size // 2, "names an owner past the owners table")

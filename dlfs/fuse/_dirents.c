@@ -7,6 +7,9 @@
  */
 #include "_dirents.h"
 
+/* In _server.so too, which links this file. */
+const uint32_t dlfs_index_format = DLFS_INDEX_FORMAT;
+
 /* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as
  * many as fit whole in space bytes of out; row first + k says the listing goes on at offset
  * first_next + k.

@@ -10,7 +10,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* The index's columns (dlfs/format.py SECTIONS), little-endian like the host this is built for. */
+/* The index format these columns are laid out for (dlfs/core/format.py FORMAT_VERSION), exported as
+ * dlfs_index_format: Python will not use a library built for another, which would read the columns
+ * at the wrong widths. */
+#define DLFS_INDEX_FORMAT 2
+
+/* The index's columns (dlfs/core/format.py SECTIONS), little-endian like the host this is built for. */
 struct columns {
     const uint32_t *name_off; /* one past the last row too: names of row r are [name_off[r], name_off[r+1]) */
     const uint8_t *names;

@@ -158,6 +158,15 @@ def _scatter(out: np.ndarray, starts: np.ndarray, records: np.ndarray) -> None:
     words[(starts // WORD)[:, None] + np.arange(width)] = records.view(np.uint64).reshape(-1, width)
 
 
+def built_for_this_index(library: ctypes.CDLL) -> bool:
+    """Was ``library`` (``_dirents.so`` or ``_server.so``) built for this dlfs's index format? One
+    left from before a format change would read the columns at the wrong widths."""
+    try:
+        return ctypes.c_uint32.in_dll(library, "dlfs_index_format").value == fmt.FORMAT_VERSION
+    except ValueError:  # built before the library said
+        return False
+
+
 class Columns(ctypes.Structure):
     """``struct columns`` of ``_entry.h``: where the index's columns lie in memory."""
 
@@ -222,9 +231,16 @@ class Encoder:
         if columns is None:
             log.info("index columns not in this host's byte order: listing directories with numpy")
             return None
+        loaded = ctypes.CDLL(str(library))
+        if not built_for_this_index(loaded):
+            log.info(
+                "%s was built for another index format (make install rebuilds it): listing with numpy",
+                library.name,
+            )
+            return None
         self._columns = columns
         self._reply = Reply.of(self.inode_base, self.timeout, self.blksize)
-        call = ctypes.CDLL(str(library)).dlfs_encode_dirents
+        call = loaded.dlfs_encode_dirents
         call.restype = ctypes.c_int64
         call.argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int,

@@ -27,7 +27,7 @@ from dlfs.core.store.interface import StoreOptions
 log = logging.getLogger(__name__)
 
 #: How long ``dlfs mount`` waits for its daemon by default. The daemon reads and checks the whole
-#: index before it mounts (115 MiB for ImageNet's 1.28 M files): well under a second from a local
+#: index before it mounts (90 MiB for ImageNet's 1.28 M files): well under a second from a local
 #: disk, minutes from a volume throttled to a few MB/s or a few hundred IOPS.
 READY_TIMEOUT = 300.0
 #: How long ``unmount`` keeps asking while the mount is busy.

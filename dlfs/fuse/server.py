@@ -105,6 +105,8 @@ def available(index: Index) -> str | None:
         return "the index's columns are not in this host's byte order"
     if not LIBRARY.exists():
         return f"{LIBRARY.name} is not built (make install builds it)"
+    if not dirents.built_for_this_index(ctypes.CDLL(str(LIBRARY))):
+        return f"{LIBRARY.name} was built for another index format (make install rebuilds it)"
     if "custom_io" not in getattr(pyfuse3, "dlfs_features", ()):
         return "pyfuse3 lacks custom_io (tools/build_pyfuse3.py builds it)"
     return None

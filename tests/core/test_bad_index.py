@@ -176,7 +176,11 @@ COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
     "an owner past the table": (_set("owner", ROW_B, 1), "past the owners table"),
     "an owners table of odd length": (
         lambda a, m: a.__setitem__("owners", np.zeros(3, np.uint32)),
-        "not (uid, gid) pairs",
+        "not at most 65,536 (uid, gid) pairs",
+    ),
+    "an owners table of more pairs than an owner can number": (
+        lambda a, m: a.__setitem__("owners", np.zeros(2 * fmt.OWNERS_MAX + 2, np.uint32)),
+        "not at most 65,536 (uid, gid) pairs",
     ),
     "a link past its blob": (_set("stored", ROW_LINK, 1000), "symlink target"),
     "a link with NUL": (_links_blob, "contains NUL"),

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.store import open_store
-from dlfs.fuse import dirents
+from dlfs.fuse import dirents, server
 from dlfs.fuse.dirents import Attributes
 
 DIRENT = struct.Struct("=QQII")
@@ -113,3 +114,15 @@ def test_the_c_loop_writes_the_bytes_numpy_writes(packed: Path) -> None:
                     args = (range(start, rows.stop), 7, space, attributes)
                     (a, count_a), (b, count_b) = native.encode(*args), numpy.encode(*args)
                     assert count_a == count_b and a.tobytes() == b.tobytes()
+
+
+def test_a_library_built_for_another_index_format_is_not_used(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``_dirents.so`` or ``_server.so`` left from before a format change would read the columns at
+    the wrong widths: both say which format they were built for, and are left unused for another."""
+    index = Index.load(open_store(packed))
+    assert _encoder(index, True).native and server.available(index) is None
+    monkeypatch.setattr(fmt, "FORMAT_VERSION", fmt.FORMAT_VERSION + 1)
+    assert not dirents.Encoder(index, 1, 3600.0, BLKSIZE).native
+    assert "built for another index format" in (server.available(index) or "")
