@@ -81,7 +81,7 @@ class Index:
         #: (57 MB at 14.2 M rows: a cache and TLB miss for each of a search's last probes). Daemon
         #: CPU per LOOKUP (make bench-bigindex): 16.1 us at 14.2 M rows and 15.7 at 1.28 M this
         #: way, 19.0 and 17.5 searching the column.
-        self.run_start = validate.check_rows(meta, arrays, self.kinds(slice(None)), source)
+        self.run_start = validate.check_rows(meta, arrays, source)
         self.run_parent = self.parent[self.run_start]
         #: (uid, gid) of each owner, the rows ``owner`` numbers: a handful in a real tree.
         self._owner_ids = self.owners.reshape(-1, 2)

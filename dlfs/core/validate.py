@@ -27,17 +27,15 @@ _SLASH, _DOT = ord("/"), ord(".")
 BLOCK = 1 << 15
 
 
-def check_rows(
-    meta: dict[str, Any], arrays: dict[str, np.ndarray], kind: np.ndarray, source: str
-) -> np.ndarray:
+def check_rows(meta: dict[str, Any], arrays: dict[str, np.ndarray], source: str) -> np.ndarray:
     """Raise ``DatasetError`` (via ``format.invalid_index``) at the first rule the rows break.
     Returns the first row of each directory's run of children (int64, increasing), which the tree
     check finds anyway and the index keeps (``Index.run_start``).
 
-    ``kind`` is ``mode & TYPE_MASK`` of every row. Column lengths were checked by
-    ``format.decode_index``.
+    Column lengths were checked by ``format.decode_index``.
     """
     parent, name_off, names = arrays["parent"], arrays["name_off"], arrays["names"]
+    kind = arrays["mode"] & fmt.TYPE_MASK
     count = parent.size
     if count == 0 or kind[fmt.ROOT_ROW] != stat.S_IFDIR or parent[fmt.ROOT_ROW] != fmt.ROOT_ROW:
         raise fmt.invalid_index(source, "no root directory")
