@@ -3,8 +3,8 @@
 Nothing here allocates per-file Python objects at load time: the columns are views into the
 index's sealed in-memory copy (``dlfs.core.sealed``), and every query touches only the rows it
 needs. Rows are in breadth-first order (see ``dlfs.core.format``), so the children of a directory
-are the contiguous run of rows whose ``parent`` equals it, found by ``searchsorted`` on the
-non-decreasing ``parent`` column.
+are the contiguous run of rows whose ``parent`` equals it: one row of the table of runs the load
+checks find (``run_parent``, ``run_start``), which the C request threads search too.
 """
 
 from __future__ import annotations
@@ -73,14 +73,13 @@ class Index:
         # Byte view of the names blob: slicing it costs a third of slicing the numpy array, and a
         # LOOKUP compares about log2(entries in the directory) names.
         self._name_bytes = memoryview(self.names)
-        self._children_of = self.parent[1:]
         self._parent_key = self.parent.dtype.type
         #: Each directory's run of children: rows run_start[k] up to run_start[k + 1] (the last
-        #: up to the end) have the parent run_parent[k]. The native request threads search these,
-        #: 21,841 runs at ImageNet-21k's shape (262 KiB, in the CPU's cache), not the parent column
-        #: (57 MB at 14.2 M rows: a cache and TLB miss for each of a search's last probes). Daemon
-        #: CPU per LOOKUP (make bench-bigindex): 16.1 us at 14.2 M rows and 15.7 at 1.28 M this
-        #: way, 19.0 and 17.5 searching the column.
+        #: up to the end) have the parent run_parent[k]. ``children`` and the C request threads
+        #: search these, 21,841 runs at ImageNet-21k's shape (262 KiB, in the CPU's cache), not the
+        #: parent column (57 MB at 14.2 M rows: a cache and TLB miss for each of a search's last
+        #: probes). Daemon CPU per LOOKUP (make bench-bigindex): 16.1 us at 14.2 M rows and 15.7 at
+        #: 1.28 M this way, 19.0 and 17.5 searching the column.
         self.run_start = validate.check_rows(meta, arrays, source)
         self.run_parent = self.parent[self.run_start]
         #: (uid, gid) of each owner, the rows ``owner`` numbers: a handful in a real tree.
@@ -172,12 +171,13 @@ class Index:
         """Rows of a directory's entries, sorted by name; empty for non-directories."""
         if not self.is_dir(row):
             return range(0)
-        # Row 0's parent is itself; search from row 1 so the root is never its own child. The key
-        # has the column's dtype: a Python int would make numpy cast the whole column per call.
-        key = self._parent_key(row)
-        start = int(self._children_of.searchsorted(key, side="left")) + 1
-        stop = int(self._children_of.searchsorted(key, side="right")) + 1
-        return range(start, stop)
+        # The key has the table's dtype: a Python int would make numpy cast the whole table per call.
+        runs = self.run_parent
+        k = int(runs.searchsorted(self._parent_key(row)))
+        start = self.run_start.item(k) if k < runs.size else self.count
+        if k == runs.size or runs.item(k) != row:  # a folder without children
+            return range(start, start)
+        return range(start, self.run_start.item(k + 1) if k + 1 < runs.size else self.count)
 
     def lookup(self, parent: int, name: bytes) -> int | None:
         """Binary search of the parent's sorted children by name bytes."""

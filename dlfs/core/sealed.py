@@ -11,7 +11,8 @@ writing.
 
 The copy is shared memory the size of the index (90 MiB for ImageNet's 1.28 M files, 1,003 MiB at
 14.2 M): unlike the file's page cache it is not reclaimed under pressure, and a memory cgroup counts
-it. Only the pages a query touched count in the daemon's RSS.
+it. All of it counts in the daemon's RSS too: the checks touch every page, and it stays mapped
+(``Index.load`` says why).
 """
 
 from __future__ import annotations

@@ -68,9 +68,9 @@ def _check_tree(parent: np.ndarray, is_dir: np.ndarray, source: str) -> np.ndarr
     below = parent[1:]
     _first(source, below[1:] < below[:-1], "has a parent listed before its predecessor's", base=2)
     runs = 1 + np.flatnonzero(np.concatenate(([True], below[1:] != below[:-1])))  # each parent's first child
-    owners = parent[runs]
-    _first(source, owners >= runs, "is listed before its parent directory", runs)
-    _first(source, ~is_dir[owners], "has a parent that is not a directory", runs)
+    parents = parent[runs]
+    _first(source, parents >= runs, "is listed before its parent directory", runs)
+    _first(source, ~is_dir[parents], "has a parent that is not a directory", runs)
     return runs
 
 
