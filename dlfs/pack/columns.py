@@ -14,7 +14,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from dlfs.core import format as fmt
-from dlfs.core.errors import PackError
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
@@ -44,11 +43,6 @@ class Placed:
         return self.count
 
     def add(self, row: int, payload: Payload, shard: int, offset: int, stored: int) -> None:
-        if offset >= fmt.SHARD_MAX:  # only files that grew since the walk are put past the target
-            raise PackError(
-                "files grew while being packed until one started 4 GiB into its shard; "
-                "pack again once the source tree is still"
-            )
         self._rows.append(row)
         self._size.append(payload.size)
         values = self._values

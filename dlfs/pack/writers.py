@@ -140,7 +140,8 @@ class InPlaceShards(ShardSet):
         return read_ahead(pool, files, options, self.lay_out, self.open)
 
     def lay_out(self, size: int) -> Slot:
-        """The slot of the next file in placement order, creating its shard when it starts one."""
+        """The slot of the next file in placement order, creating its shard when it starts one; also
+        where a file that outgrew its slot since the walk goes, past every slot laid out so far."""
         if not self._ends or self._full(self._ends[-1], size):
             number, writer = self._create()
             writer.write_at(0, fmt.shard_header(self.dataset_id, number))
@@ -148,17 +149,6 @@ class InPlaceShards(ShardSet):
         slot = len(self._ends) - 1, self._ends[-1]
         self._ends[-1] += size
         return slot
-
-    def _end(self) -> tuple[int, int]:
-        """Where the next ``_append`` goes, past every slot laid out so far."""
-        return len(self._ends) - 1, self._ends[-1]
-
-    def _append(self, length: int) -> tuple[int, int]:
-        """A slot past every one laid out so far, for a file that outgrew its own since the walk
-        (the last shard may grow past the target)."""
-        shard, offset = self._end()
-        self._ends[-1] += length
-        return shard, offset
 
     def put(self, file: File, slot: Slot | None, outcome: Payload | None) -> tuple[Payload, int, int]:
         """Done when its reader wrote it in its slot; else stream a large file into the slot, and
@@ -176,15 +166,15 @@ class InPlaceShards(ShardSet):
         if outcome is not None and outcome.in_place:
             return outcome, shard, offset
         if outcome is not None:
-            shard, offset = self._append(len(outcome.stored))
+            shard, offset = self.lay_out(len(outcome.stored))
             self.open[shard].write_at(offset, outcome.stored)
             return Payload(b"", 0, outcome.size, outcome.checksum, in_place=True), shard, offset
         payload = self._stream_at(shard, offset, path, size_hint)
-        if payload is None:  # outgrown
-            shard, offset = self._end()
+        if payload is None:  # outgrown, and of a size known only once streamed
+            shard, offset = self.lay_out(0)
             payload = self._stream_at(shard, offset, path)
             assert payload is not None  # no limit
-            self._append(payload.size)
+            self._ends[shard] += payload.size
         return payload, shard, offset
 
     def _stream_at(self, shard: int, offset: int, path: bytes, limit: int | None = None) -> Payload | None:

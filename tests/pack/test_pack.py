@@ -217,13 +217,14 @@ def test_no_sync_writes_the_same_dataset_without_waiting_for_the_disk(
     assert dlfs("verify", tmp_path / "ds").returncode == 0  # every file's checksum
 
 
+@pytest.mark.parametrize("shard_size", [1 << 30, 4096], ids=["one-shard", "shard-a-file"])
 @pytest.mark.parametrize("compress", [False, True], ids=["in-place", "in-order"])
 def test_files_that_change_after_the_walk_are_stored_as_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mount, compress: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mount, compress: bool, shard_size: int
 ) -> None:
-    """Slots are laid out from the sizes the walk saw. A file that grew is appended past them,
-    one that shrank leaves a hole, one that vanished is skipped: every file left reads back as it
-    was read."""
+    """Slots are laid out from the sizes the walk saw. A file that grew is appended past them (in
+    a shard of its own where the last one is full), one that shrank leaves a hole, one that
+    vanished is skipped: every file left reads back as it was read."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a-grows.bin").write_bytes(b"a" * 1000)
@@ -246,7 +247,7 @@ def test_files_that_change_after_the_walk_are_stored_as_read(
         return tree
 
     monkeypatch.setattr(packer, "walk", walk_then_change)
-    options = PackOptions(progress=False, compress=compress, skip_errors=True, shard_size=1 << 30)
+    options = PackOptions(progress=False, compress=compress, skip_errors=True, shard_size=shard_size)
     summary = pack(src, tmp_path / "ds", options)
     assert summary.skipped_errors == 1 and summary.skipped_paths[0].endswith("z-vanishes.bin")
     assert dlfs("verify", tmp_path / "ds").returncode == 0  # shard lengths and every checksum
