@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, current_dataset, dlfs_mount, ensure_tree, warm_storage
+from benchlib import dlfs_mount, ensure_packed, warm_storage
 
 from dlfs import bench
 from dlfs.bench import peers
@@ -53,8 +52,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, work = args.work / "src", args.work / "dataset", args.work / "loader"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(dst):
-        subprocess.run([*DLFS, "-q", "pack", str(src), str(dst), "--force"], check=True, capture_output=True)
+    ensure_packed(args.work, args.files, args.classes, "jpeg", dst)
     squash = peers.PEERS[1]
     image, _ = peers.build(squash, src, work)
     mnt, log = work / "mnt", work / "mount.log"

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, current_dataset, dlfs_mount, ensure_tree, warm_storage
+from benchlib import dlfs_mount, ensure_packed, warm_storage
 
 from dlfs import bench
 
@@ -59,8 +58,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dst, mnt = args.work / "src", args.work / "dataset", args.work / "mnt"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(dst):
-        subprocess.run([*DLFS, "-q", "pack", str(src), str(dst), "--force"], check=True, capture_output=True)
+    ensure_packed(args.work, args.files, args.classes, "jpeg", dst)
     temperatures = ["warm", "cold"] if os.access(bench.DROP_CACHES, os.W_OK) else ["warm"]
     with dlfs_mount(dst, mnt, "--log-file", str(args.work / "mount.log")):
         published = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import DLFS, current_dataset, dlfs_mount, drop_caches, ensure_tree, rss_bytes
+from benchlib import DLFS, dlfs_mount, drop_caches, ensure_packed, rss_bytes
 
 from dlfs import bench
 from dlfs.bench import objects
@@ -152,10 +152,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, local = args.work / "src", args.work / "dataset"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(local):
-        subprocess.run(
-            [*DLFS, "-q", "pack", str(src), str(local), "--force"], check=True, capture_output=True
-        )
+    ensure_packed(args.work, args.files, args.classes, "jpeg", local)
     shutil.rmtree(args.s3_work, ignore_errors=True)
     args.s3_work.mkdir(parents=True)
     tree = bench.Tree.walk(str(src))

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import slowdisk
-from benchlib import DLFS, current_dataset, dlfs_mount, drop_caches, ensure_tree
+from benchlib import dlfs_mount, drop_caches, ensure_packed
 
 from dlfs import bench
 
@@ -64,12 +64,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dataset, slow = args.work / "src", args.work / "dataset", args.work / "slow"
-    if ensure_tree(args.work, args.files, args.classes, "jpeg") or not current_dataset(dataset):
-        subprocess.run(
-            [*DLFS, "-q", "pack", str(src), str(dataset), "--order", "random", "--force"],
-            check=True,
-            capture_output=True,
-        )
+    ensure_packed(args.work, args.files, args.classes, "jpeg", dataset, "--order", "random")
     size = 2 * sum(p.stat().st_size for p in args.work.rglob("*") if p.is_file()) + (256 << 20)
     slowdisk.down(slow)
     slowdisk.up(slow, size, args.iops, slowdisk.parse_size(args.bps))

@@ -72,6 +72,14 @@ def current_dataset(dataset: Path) -> bool:
     return True
 
 
+def ensure_packed(work: Path, files: int, classes: int, payload: str, dataset: Path, *flags: str) -> None:
+    """``ensure_tree``'s tree packed into ``dataset`` (``dlfs pack`` with ``flags``): again whenever
+    the tree was generated now or the dataset is not in this dlfs's index format."""
+    if ensure_tree(work, files, classes, payload) or not current_dataset(dataset):
+        command = [*DLFS, "-q", "pack", str(work / "src"), str(dataset), "--force", *flags]
+        subprocess.run(command, check=True, capture_output=True)
+
+
 def warm_storage(storage: Path) -> None:
     """Every byte of ``storage`` in the page cache: a file (an image), or every file under a folder
     (a tree, a dataset's shards), read in 8 MiB pieces so that no shard is held in memory whole."""
