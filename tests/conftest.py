@@ -214,6 +214,16 @@ def force_unmount(mnt: Path) -> None:
         subprocess.run(command, capture_output=True, timeout=30, check=False)
 
 
+def unmount_and_reap(mnt: Path, pid: int) -> bool:
+    """Unmount (``force_unmount``) and wait for the daemon to exit on its own; one still running
+    15 s later is killed. Returns whether it exited on its own, which every clean unmount must."""
+    force_unmount(mnt)
+    if wait_until(lambda: not pid_alive(pid), 15):
+        return True
+    os.kill(pid, signal.SIGKILL)
+    return False
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -230,7 +240,11 @@ def mount_pid(result: subprocess.CompletedProcess[str]) -> int:
 
 @contextmanager
 def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None) -> Iterator[Path]:
-    """Mount with the real CLI (background daemon); always unmount, reap the daemon, check its log."""
+    """Mount with the real CLI (background daemon); always unmount, reap the daemon, check its log.
+
+    The daemon must exit on its own once unmounted: one still alive 15 s later is killed and the
+    test fails (a descriptor the test left open on the mount, or a daemon that hangs on exit).
+    """
     mnt.mkdir(parents=True, exist_ok=True)
     log_file = log_file or mnt.parent / f"{mnt.name}.log"
     result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra)
@@ -238,11 +252,10 @@ def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None)
     try:
         yield mnt
     finally:
-        force_unmount(mnt)
-        if not wait_until(lambda: not pid_alive(pid), 15):
-            os.kill(pid, signal.SIGKILL)
+        exited = unmount_and_reap(mnt, pid)
         log_text = log_file.read_text(errors="replace")
         assert "Traceback" not in log_text, log_text
+        assert exited, f"the daemon of {mnt} was still running 15 s after the unmount"
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import errno
 import functools
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 #: cachestat's number in the generic syscall table, the same on every architecture.
 SYS_CACHESTAT = 451
@@ -57,20 +58,35 @@ class _Stat(ctypes.Structure):
     ]
 
 
+class CacheStat(NamedTuple):
+    """Pages of a range in the page cache (``cached``), and pages of it that memory reclaim took
+    (``evicted``: the kernel keeps a shadow entry for each; pages dropped on request, by
+    ``drop_caches`` or ``POSIX_FADV_DONTNEED``, leave none)."""
+
+    cached: int
+    evicted: int
+
+
 def stat_blocks(size: int) -> int:
     """``st_blocks`` of a file that takes ``size`` bytes."""
     return (size + STAT_BLOCK - 1) // STAT_BLOCK
 
 
-def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
-    """Pages of ``length`` bytes of ``fd`` from ``offset`` in the page cache; None without cachestat."""
+def cachestat(fd: int, length: int, offset: int = 0) -> CacheStat | None:
+    """The page cache's state of ``length`` bytes of ``fd`` from ``offset``; None without cachestat."""
     span, out = _Range(offset, length), _Stat()
     if _libc.syscall(SYS_CACHESTAT, fd, ctypes.byref(span), ctypes.byref(out), 0) != 0:
         code = ctypes.get_errno()
         if code in (errno.ENOSYS, errno.EPERM):  # an older kernel, or a seccomp filter
             return None
         raise OSError(code, os.strerror(code))
-    return int(out.nr_cache)
+    return CacheStat(int(out.nr_cache), int(out.nr_evicted))
+
+
+def cached_pages(fd: int, length: int, offset: int = 0) -> int | None:
+    """Pages of ``length`` bytes of ``fd`` from ``offset`` in the page cache; None without cachestat."""
+    state = cachestat(fd, length, offset)
+    return None if state is None else state.cached
 
 
 def in_memory(fd: int, offset: int, length: int) -> bool | None:

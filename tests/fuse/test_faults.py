@@ -21,11 +21,11 @@ from conftest import (
     DLFS,
     assert_one_line_error,
     dlfs,
-    force_unmount,
     is_mounted,
     mount_pid,
     mounted,
     pid_alive,
+    unmount_and_reap,
     wait_until,
 )
 from test_mount import _daemon_of
@@ -218,7 +218,6 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
         cache = json.loads((mnt / ".dlfs" / "stats").read_bytes())["cache"]
         assert cache["budget"] < CGROUP_LIMIT // 4, cache
     finally:
-        force_unmount(mnt)
-        if not wait_until(lambda: not pid_alive(pid), 15):
-            os.kill(pid, signal.SIGKILL)
+        exited = unmount_and_reap(mnt, pid)
         assert "Traceback" not in log_file.read_text()
+        assert exited, "the daemon outlived the unmount"

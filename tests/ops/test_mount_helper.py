@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +13,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, assert_one_line_error, force_unmount, is_mounted, pid_alive, wait_until
+from conftest import (
+    DLFS,
+    assert_one_line_error,
+    force_unmount,
+    is_mounted,
+    pid_alive,
+    unmount_and_reap,
+    wait_until,
+)
 
 from dlfs import system_install
 from dlfs.fuse.mount import mounted_fstype
@@ -42,9 +49,10 @@ def mounted_by_mount8(mnt: Path, *mount_args: str) -> Iterator[int]:
         assert found, result.stdout
         yield int(found.group(1))
     finally:
-        force_unmount(mnt)
-        if found and not wait_until(lambda: not pid_alive(int(found.group(1))), 15):
-            os.kill(int(found.group(1)), signal.SIGKILL)
+        if found:
+            assert unmount_and_reap(mnt, int(found.group(1))), "the daemon outlived the unmount"
+        else:
+            force_unmount(mnt)
 
 
 def test_options_map_onto_dlfs_mount_flags() -> None:
