@@ -77,11 +77,14 @@ class Reader:
         """Fetch these (first row, shard offset, length) ranges into the store's local tier, every
         read hinted first so that all are in flight at once. A failure is left to the files' own
         reads, which report it."""
+        store = self.store
+        if not isinstance(store, PartlyLocal):
+            return  # no local tier to fill
         for row, offset, length in spans:
             self.store.will_read(self.index.shard_of(row), offset, length)
         for row, offset, length in spans:
             try:
-                self.store.read(self.index.shard_of(row), offset, length)
+                store.fill(self.index.shard_of(row), offset, length)
             except DlfsError as exc:
                 log.debug("staging shard %s at %d failed: %s", self.index.shard_of(row), offset, exc)
 

@@ -85,8 +85,9 @@ class NativeLoader:
         """Which files of a batch the C loop takes: pushable, with their bytes where the shard's
         descriptor reads them. The files a disk tier lacks are fetched into it first, every read in
         flight at once, so that the C loop takes them too: through the tier their bytes are copied
-        three times more, and still cost less than the Python loader's work per file (a first epoch
-        from S3, 5 Gbit/s and 30 ms, through a disk tier: 1,698 files/s so, 1,081 without)."""
+        twice more (into the tier's file and out of it), and still cost less than the Python
+        loader's work per file (a first epoch from S3, 5 Gbit/s and 30 ms, through a disk tier:
+        1,698 files/s so, 1,081 without)."""
         if not rows.size:
             return np.zeros(rows.size, dtype=bool)
         taken = self._pushable(rows, sentinel)

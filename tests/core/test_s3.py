@@ -4,6 +4,7 @@ copy, failed packs that leave nothing behind, and one-line errors for wrong sett
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
 from dlfs.core.store import StoreOptions, index_copies, open_store
 from dlfs.core.store import s3 as s3_module
+from dlfs.core.store.cached import BLOCK, CachedStore
 from dlfs.core.store.s3 import S3Store
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.writers import InOrderShards
@@ -122,6 +124,41 @@ def test_the_index_is_copied_once_per_dataset_id_and_refetched_when_damaged(
     damaged = S3Store(url)
     assert Index.load(damaged, copies).count == index.count
     assert damaged.received > len(data)  # fetched whole again
+
+
+def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_what_is_missing(
+    tmp_path: Path, s3: str
+) -> None:
+    """``read_into`` copies a GET's buffer into the caller's; ``fill`` fetches the blocks the tier
+    lacks, one GET per run of them, and nothing it holds; both give the object's bytes."""
+    data = os.urandom(3 * BLOCK + 1000)
+    (tmp_path / "data.shard").write_bytes(data)
+    store = S3Store(f"{s3}/tier")
+    store.put_file("data.shard", tmp_path / "data.shard")
+    buffer = bytearray(100)
+    assert store.read_into("data.shard", 7, memoryview(buffer)) == 100 and buffer == data[7:107]
+    assert store.read_into("data.shard", len(data) - 10, memoryview(buffer)) == 10  # the object's end
+    assert buffer[:10] == data[-10:]
+    assert store.read("data.shard", BLOCK - 3, 6) == data[BLOCK - 3 : BLOCK + 3]
+    tier = CachedStore(store, tmp_path / "cache")
+    try:
+        requests = store.requests
+        tier.fill("data.shard", BLOCK + 10, 20)
+        assert store.requests == requests + 1
+        assert tier.local("data.shard", BLOCK, BLOCK) and not tier.local("data.shard", 0, 1)
+        tier.fill("data.shard", 0, len(data))  # blocks 0, and 2 to 3: two runs
+        assert store.requests == requests + 3 and tier.local("data.shard", 0, len(data))
+        tier.fill("data.shard", 0, len(data))
+        assert store.requests == requests + 3
+        whole = bytearray(len(data))
+        assert tier.read_into("data.shard", 0, memoryview(whole)) == len(data) and whole == data
+        assert tier.read("data.shard", 5, 2 * BLOCK) == data[5 : 5 + 2 * BLOCK]
+        descriptor = tier.local_descriptor("data.shard")
+        assert descriptor is not None and os.pread(descriptor, len(data), 0) == data  # as the C loop reads
+        assert store.requests == requests + 3
+    finally:
+        tier.close()
+        store.close()
 
 
 def test_wrong_bucket_credentials_or_endpoint_are_one_line_errors(

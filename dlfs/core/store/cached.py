@@ -34,6 +34,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from dlfs.core.errors import StoreError
@@ -221,12 +222,13 @@ class CachedStore:
             else:
                 self.used -= len(block)
 
-    def _fetch(self, name: str, first: int, last: int) -> list[bytes]:
-        """Blocks ``first``..``last`` of ``name`` from the store in one ranged read, each kept."""
+    def _fetch(self, name: str, first: int, last: int) -> list[memoryview]:
+        """Blocks ``first``..``last`` of ``name`` from the store in one ranged read, each kept:
+        views of the one buffer the read returned, never copies of it."""
         data = memoryview(self.inner.read(name, first * BLOCK, (last - first + 1) * BLOCK))
         self.misses += last - first + 1
         self.fetched_bytes += len(data)
-        blocks = [bytes(data[k * BLOCK : (k + 1) * BLOCK]) for k in range(last - first + 1)]
+        blocks = [data[k * BLOCK : (k + 1) * BLOCK] for k in range(last - first + 1)]
         for number, block in enumerate(blocks, first):
             if block:
                 self._keep((name, number), block)
@@ -247,7 +249,7 @@ class CachedStore:
         first, last = offset // BLOCK, (end - 1) // BLOCK
         if self._touch(name, first, last):  # all here: one pread
             return self._hit(name, offset, length, last - first + 1)
-        pieces: list[bytes] = []
+        pieces: list[bytes | memoryview] = []
         number = first
         while number <= last:
             lo, hi = _within(number, offset, end)
@@ -267,6 +269,17 @@ class CachedStore:
         while number < last and not self._has((name, number + 1)):
             number += 1
         return number
+
+    def _missing_runs(self, name: str, offset: int, length: int) -> Iterator[tuple[int, int]]:
+        """The runs (first, last) of blocks holding these bytes of a shard that the tier lacks."""
+        number, last = offset // BLOCK, (offset + length - 1) // BLOCK
+        while number <= last:
+            if self._has((name, number)):
+                number += 1
+                continue
+            run_end = self._missing_through(name, number, last)
+            yield number, run_end
+            number = run_end + 1
 
     def _has(self, key: Key) -> bool:
         with self._lock:
@@ -295,14 +308,17 @@ class CachedStore:
         """Hint the store of the runs of missing blocks ``read`` will fetch for these bytes."""
         if not name.endswith(SHARD_SUFFIX) or length <= 0:
             return
-        number, last = offset // BLOCK, (offset + length - 1) // BLOCK
-        while number <= last:
-            if self._has((name, number)):
-                number += 1
-                continue
-            run_end = self._missing_through(name, number, last)
-            self.inner.will_read(name, number * BLOCK, (run_end - number + 1) * BLOCK)
-            number = run_end + 1
+        for first, last in self._missing_runs(name, offset, length):
+            self.inner.will_read(name, first * BLOCK, (last - first + 1) * BLOCK)
+
+    def fill(self, name: str, offset: int, length: int) -> None:
+        """Fetch the blocks of these bytes that the tier lacks into it, and nothing more: whoever
+        asks reads them from the local file (the read-ahead's C loop), so they are not gathered
+        into one result as ``read`` gathers them."""
+        if not name.endswith(SHARD_SUFFIX) or length <= 0:
+            return
+        for first, last in self._missing_runs(name, offset, length):
+            self._fetch(name, first, last)
 
     def forget(self, name: str, offset: int, length: int) -> None:
         """Drop the blocks holding these bytes: they failed a checksum."""

@@ -122,3 +122,7 @@ class PartlyLocal(Protocol):
     def local_descriptor(self, name: str, direct: bool = False) -> int | None:
         """A descriptor of the object's local file, to ``pread`` the bytes ``local`` vouches for
         (or None where it cannot, say no direct I/O)."""
+
+    def fill(self, name: str, offset: int, length: int) -> None:
+        """Fetch whatever of these bytes the local file lacks into it (after ``will_read``: all
+        the hinted fetches are in flight at once)."""

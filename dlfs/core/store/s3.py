@@ -25,11 +25,14 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from dlfs.core.errors import DatasetError, StoreError
 from dlfs.core.store.interface import ShardWriter, StoreOptions
+
+if TYPE_CHECKING:
+    from obstore import Bytes  # the s3 extra: imported where a call needs it
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +116,7 @@ class S3Store:
         self.received = 0
         self._lock = threading.Lock()
         #: GETs started by ``will_read``, by (name, offset, length), and the bytes they hold.
-        self._ahead: dict[tuple[str, int, int], Future[bytes]] = {}
+        self._ahead: dict[tuple[str, int, int], Future[Bytes]] = {}
         self._ahead_bytes = 0
         self._pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="dlfs-s3-ahead")
         self.endpoint, region, self._session = _aws_settings(options, self.url)
@@ -182,8 +185,10 @@ class S3Store:
         return f"{what}: {first[:300]}"
 
     def read(self, name: str, offset: int, length: int) -> bytes:
-        if length <= 0:
-            return b""
+        return bytes(self._received(name, offset, length)) if length > 0 else b""
+
+    def _received(self, name: str, offset: int, length: int) -> Bytes:
+        """The range as the client received it: the GET ``will_read`` started, or a new one."""
         with self._lock:
             ahead = self._ahead.pop((name, offset, length), None)
         if ahead is None:
@@ -194,19 +199,24 @@ class S3Store:
             with self._lock:
                 self._ahead_bytes -= length
 
-    def _get(self, name: str, offset: int, length: int) -> bytes:
+    def _get(self, name: str, offset: int, length: int) -> Bytes:
+        """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
+        ``bytes`` of it first would copy it twice (the daemon's CPU per GiB from the store is
+        mostly copies; docs/design.md)."""
         import obstore
 
         with self._errors(f"reading {self.url}/{name} at {offset}"):
             data = obstore.get_range(self._store, name, start=offset, length=length)
         self.requests += 1
         self.received += len(data)
-        return bytes(data)
+        return data
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         if not wait:
             return None  # nothing of an object store is in memory
-        data = self.read(name, offset, len(buffer))
+        if not buffer:
+            return 0
+        data = memoryview(self._received(name, offset, len(buffer)))
         buffer[: len(data)] = data
         return len(data)
 
