@@ -126,15 +126,43 @@ def test_the_index_is_copied_once_per_dataset_id_and_refetched_when_damaged(
     assert damaged.received > len(data)  # fetched whole again
 
 
+def _one_shard(tmp_path: Path, s3: str) -> tuple[S3Store, bytes]:
+    """A store holding one object ``data.shard`` of 3 blocks and a bit, and its bytes."""
+    data = os.urandom(3 * BLOCK + 1000)
+    (tmp_path / "data.shard").write_bytes(data)
+    store = S3Store(f"{s3}/tier")
+    store.put_file("data.shard", tmp_path / "data.shard")
+    return store, data
+
+
+def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, s3: str) -> None:
+    """The read-ahead stages spans into the disk tier as ``Reader.stage`` does: every span hinted,
+    then each filled. Two spans sharing a block hint overlapping runs; once the first has kept that
+    block, the second fetches its run less that block, from its hint: no GET more, no hint left."""
+    store, data = _one_shard(tmp_path, s3)
+    tier = CachedStore(store, tmp_path / "cache")
+    try:
+        requests = store.requests
+        spans = [("data.shard", 10, BLOCK), ("data.shard", BLOCK + 20, BLOCK)]  # blocks 0-1, then 1-2
+        for span in spans:
+            tier.will_read(*span)
+        for span in spans:
+            tier.fill(*span)
+        assert store.requests == requests + 2
+        assert not store._ahead and store._ahead_bytes == 0, "a hint nobody will read"
+        assert tier.read("data.shard", 0, 3 * BLOCK) == data[: 3 * BLOCK]
+        assert store.requests == requests + 2
+    finally:
+        tier.close()
+        store.close()
+
+
 def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_what_is_missing(
     tmp_path: Path, s3: str
 ) -> None:
     """``read_into`` copies a GET's buffer into the caller's; ``fill`` fetches the blocks the tier
     lacks, one GET per run of them, and nothing it holds; both give the object's bytes."""
-    data = os.urandom(3 * BLOCK + 1000)
-    (tmp_path / "data.shard").write_bytes(data)
-    store = S3Store(f"{s3}/tier")
-    store.put_file("data.shard", tmp_path / "data.shard")
+    store, data = _one_shard(tmp_path, s3)
     buffer = bytearray(100)
     assert store.read_into("data.shard", 7, memoryview(buffer)) == 100 and buffer == data[7:107]
     assert store.read_into("data.shard", len(data) - 10, memoryview(buffer)) == 10  # the object's end

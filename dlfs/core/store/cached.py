@@ -317,6 +317,10 @@ class CachedStore:
         into one result as ``read`` gathers them."""
         if not name.endswith(SHARD_SUFFIX) or length <= 0:
             return
+        with self._lock:  # the held blocks are read next: last out, as a read would make them
+            for number in range(offset // BLOCK, (offset + length - 1) // BLOCK + 1):
+                if (name, number) in self._lru:
+                    self._lru.move_to_end((name, number))
         for first, last in self._missing_runs(name, offset, length):
             self._fetch(name, first, last)
 

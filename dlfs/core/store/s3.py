@@ -187,17 +187,36 @@ class S3Store:
     def read(self, name: str, offset: int, length: int) -> bytes:
         return bytes(self._received(name, offset, length)) if length > 0 else b""
 
-    def _received(self, name: str, offset: int, length: int) -> Bytes:
-        """The range as the client received it: the GET ``will_read`` started, or a new one."""
+    def _received(self, name: str, offset: int, length: int) -> Bytes | memoryview:
+        """The range as the client received it: from a GET ``will_read`` started for it, or for a
+        range holding it, or a new GET.
+
+        A hint is used up by the first read inside it: the disk tier hints each run of blocks it
+        lacks, and when two runs shared a block that the first one's read then kept, the second
+        read asks for its run less that block. Matched exactly only, that hint would never be read
+        and would hold its bytes, and its share of ``AHEAD_BYTES``, for the life of the mount."""
         with self._lock:
-            ahead = self._ahead.pop((name, offset, length), None)
+            key = (name, offset, length)
+            if key not in self._ahead:
+                key = next(
+                    (
+                        (hinted, start, size)
+                        for hinted, start, size in self._ahead
+                        if hinted == name and start <= offset and offset + length <= start + size
+                    ),
+                    key,
+                )
+            ahead = self._ahead.pop(key, None)
         if ahead is None:
             return self._get(name, offset, length)
         try:
-            return ahead.result()
+            data = ahead.result()
         finally:
             with self._lock:
-                self._ahead_bytes -= length
+                self._ahead_bytes -= key[2]
+        if key[1:] == (offset, length):
+            return data
+        return memoryview(data)[offset - key[1] : offset - key[1] + length]
 
     def _get(self, name: str, offset: int, length: int) -> Bytes:
         """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
