@@ -255,7 +255,8 @@ def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None)
         exited = unmount_and_reap(mnt, pid)
         log_text = log_file.read_text(errors="replace")
         assert "Traceback" not in log_text, log_text
-        assert exited, f"the daemon of {mnt} was still running 15 s after the unmount"
+    # Past the finally, so that a failing test reports its own error, not this one.
+    assert exited, f"the daemon of {mnt} was still running 15 s after the unmount"
 
 
 @pytest.fixture

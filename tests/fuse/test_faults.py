@@ -220,4 +220,4 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
     finally:
         exited = unmount_and_reap(mnt, pid)
         assert "Traceback" not in log_file.read_text()
-        assert exited, "the daemon outlived the unmount"
+    assert exited, "the daemon outlived the unmount"

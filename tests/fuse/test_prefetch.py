@@ -96,7 +96,8 @@ def _lacking(mnt: Path, paths: list[Path]) -> tuple[int, int]:
     runs a DAMON ``pageout`` scheme that reclaims page-cache pages in physical regions it has seen
     idle for a minute, and a page just pushed into such a region can go with them. Reclaim leaves
     a shadow entry for each page it takes, which ``cachestat`` counts, so the second figure tells
-    those files apart from files that were never cached.
+    those files apart from files that were never cached. (Every caller's files start without
+    shadow entries: a fresh mount's inodes, or new ones after ``drop_caches`` forgot the old.)
     """
     lacking = reclaimed = 0
     for path in paths:

@@ -45,14 +45,16 @@ def mounted_by_mount8(mnt: Path, *mount_args: str) -> Iterator[int]:
     result = subprocess.run(["mount", *mount_args], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     found = re.search(r"daemon pid (\d+)", result.stdout)
+    exited = True
     try:
         assert found, result.stdout
         yield int(found.group(1))
     finally:
         if found:
-            assert unmount_and_reap(mnt, int(found.group(1))), "the daemon outlived the unmount"
+            exited = unmount_and_reap(mnt, int(found.group(1)))
         else:
             force_unmount(mnt)
+    assert exited, "the daemon outlived the unmount"
 
 
 def test_options_map_onto_dlfs_mount_flags() -> None:
