@@ -157,6 +157,27 @@ def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, s3: str) -> No
         store.close()
 
 
+def test_a_hint_nobody_reads_is_let_go_when_a_new_one_needs_its_room(
+    tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, data = _one_shard(tmp_path, s3)
+    monkeypatch.setattr(s3_module, "AHEAD_BYTES", BLOCK)
+    try:
+        store.will_read("data.shard", 0, BLOCK)  # abandoned
+        store.will_read("data.shard", BLOCK, BLOCK)  # no room: dropped
+        assert list(store._ahead) == [("data.shard", 0, BLOCK)]
+        store._ahead[("data.shard", 0, BLOCK)][0].result()
+        monkeypatch.setattr(s3_module, "HINT_TTL", 0.0)
+        store.will_read("data.shard", BLOCK, BLOCK)  # the abandoned one is let go
+        assert list(store._ahead) == [("data.shard", BLOCK, BLOCK)] and store._ahead_bytes == BLOCK
+        store._ahead[("data.shard", BLOCK, BLOCK)][0].result()
+        requests = store.requests
+        assert store.read("data.shard", BLOCK, BLOCK) == data[BLOCK : 2 * BLOCK]
+        assert store.requests == requests and store._ahead_bytes == 0  # the hint's GET served it
+    finally:
+        store.close()
+
+
 def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_what_is_missing(
     tmp_path: Path, s3: str
 ) -> None:

@@ -21,6 +21,7 @@ import datetime
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +51,10 @@ CONNECT_TIMEOUT = datetime.timedelta(seconds=5)
 #: GETs that ``will_read`` keeps in flight at once, and the bytes hinted but not yet read.
 AHEAD_THREADS = 64
 AHEAD_BYTES = 256 << 20
+#: Seconds after which a hint whose GET is done but that nobody read counts as abandoned (two
+#: batches in flight at once may both hint a block that only one of them fetches): its bytes are
+#: let go when a new hint needs the room. The read-ahead reads its hints within its batch.
+HINT_TTL = 30.0
 AWS_HOST = re.compile(r"(^|\.)amazonaws\.com(\.cn)?$")
 
 
@@ -116,7 +121,7 @@ class S3Store:
         self.received = 0
         self._lock = threading.Lock()
         #: GETs started by ``will_read``, by (name, offset, length), and the bytes they hold.
-        self._ahead: dict[tuple[str, int, int], Future[Bytes]] = {}
+        self._ahead: dict[tuple[str, int, int], tuple[Future[Bytes], float]] = {}  # and when hinted
         self._ahead_bytes = 0
         self._pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="dlfs-s3-ahead")
         self.endpoint, region, self._session = _aws_settings(options, self.url)
@@ -210,7 +215,7 @@ class S3Store:
         if ahead is None:
             return self._get(name, offset, length)
         try:
-            data = ahead.result()
+            data = ahead[0].result()
         finally:
             with self._lock:
                 self._ahead_bytes -= key[2]
@@ -240,19 +245,33 @@ class S3Store:
         return len(data)
 
     def will_read(self, name: str, offset: int, length: int) -> None:
-        """Start the GET of this range now, for the ``read`` of exactly this range that follows.
+        """Start the GET of this range now, for the ``read`` of this range, or of a part of it,
+        that follows.
 
         The read-ahead hints every read of a batch before it reads them one by one, so a batch's
         GETs are all in flight at once: a batch of files scattered over the shards (a uniform
         order) waits one round trip, not one per file. Hinted bytes not yet read are capped at
-        ``AHEAD_BYTES``; past it, a hint is dropped and its read fetches in its turn.
+        ``AHEAD_BYTES``; past it, hints abandoned for ``HINT_TTL`` are let go, and if the room is
+        still short, this hint is dropped and its read fetches in its turn.
         """
         key = (name, offset, length)
         with self._lock:
-            if key in self._ahead or self._ahead_bytes + length > AHEAD_BYTES:
+            if key in self._ahead:
                 return
+            if self._ahead_bytes + length > AHEAD_BYTES:
+                self._let_go_abandoned()
+                if self._ahead_bytes + length > AHEAD_BYTES:
+                    return
             self._ahead_bytes += length
-            self._ahead[key] = self._pool.submit(self._get, name, offset, length)
+            self._ahead[key] = (self._pool.submit(self._get, name, offset, length), time.monotonic())
+
+    def _let_go_abandoned(self) -> None:
+        """Forget the hints whose GETs are done and unread for ``HINT_TTL``; under ``_lock``."""
+        before = time.monotonic() - HINT_TTL
+        for key, (ahead, hinted) in list(self._ahead.items()):
+            if hinted < before and ahead.done():
+                del self._ahead[key]
+                self._ahead_bytes -= key[2]
 
     def size(self, name: str) -> int | None:
         import obstore
