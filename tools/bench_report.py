@@ -553,8 +553,8 @@ def s3(data: Json | None, name: str) -> list[str]:
         f"## A dataset in S3 against one object per file, {o['rate_mbit'] / 1000:g} Gbit/s and "
         f"{o['rtt_ms']:g} ms (`make bench-s3`, `{name}`)",
         "",
-        f"The link's own ceiling: {ceiling:,.0f} files/s of the mean size (before TCP's overhead); on 2 "
-        "cores, the S3 server, the proxy, the daemon and the readers share the CPU.",
+        f"The link's own ceiling: {ceiling:,.0f} files/s of the mean size (before TCP's overhead); on "
+        f"{r['cores']} cores, the S3 server, the proxy, the daemon and the readers share the CPU.",
         "",
     ]
     out += [
@@ -628,7 +628,50 @@ def s3(data: Json | None, name: str) -> list[str]:
         f"p99 {memcached['p99_us']:.0f} µs ({hit['samples']:,} of each).",
         "",
     ]
-    return out
+    return out + _s3_cpu(r)
+
+
+def _s3_cpu(r: Json) -> list[str]:
+    """Where the CPU went in each run of ``s3``: the S3 server and the proxy against the side
+    measured, on a machine whose cores give at most their count times the wall time."""
+    up, epoch, tier, cores = r["upload"], r["epoch"], r["disk_tier"], r["cores"]
+    runs = [
+        ("upload, objects", up["objects"]["cpu"], "self", "threads"),
+        ("upload, `dlfs pack`", up["dlfs_pack"]["cpu"], "children", "pack"),
+        ("epoch, objects (GET per file)", epoch["objects"]["cpu"], "self", "threads"),
+        *[
+            (
+                f"epoch, mount of the bucket, `--order {mode}`",
+                epoch[mode]["dlfs_s3"]["cpu"],
+                "daemon",
+                "daemon",
+            )
+            for mode in ("full", "block")
+            if mode in epoch
+        ],
+        ("first epoch into the disk tier", tier["first_epoch"]["cpu"], "daemon", "daemon"),
+    ]
+    rows = []
+    for label, cpu, side, name in runs:
+        readers = f" + readers {cpu['children']:.1f}" if side == "daemon" else ""
+        shaping = cpu["server"] + cpu["proxy"]
+        rows.append(
+            [
+                label,
+                f"{cpu['wall']:.1f}",
+                f"{cpu['server']:.1f}",
+                f"{cpu['proxy']:.1f}",
+                f"{name} {cpu[side]:.1f}{readers}",
+                f"{shaping / (cores * cpu['wall']):.0%}",
+            ]
+        )
+    header = ["run", "wall s", "S3 server CPU s", "proxy CPU s", "the side measured, CPU s", "server + proxy"]
+    return [
+        f"CPU seconds while each run lasted (`server + proxy`: their share of the {cores} cores' time):",
+        "",
+        *_table(header, rows),
+        "",
+    ]
 
 
 #: (target, what it runs, what it writes into docs/), in the order ``make bench`` runs them.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from benchlib import DLFS, dlfs_mount, drop_caches, ensure_packed, rss_bytes
 from dlfs import bench
 from dlfs.bench import objects
 from dlfs.bench.netshape import shaped_seaweed
+from dlfs.bench.probes import proc_cpu
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.store import CachedStore, StoreOptions, index_copies
@@ -72,17 +74,49 @@ def rss_sampled(pid: int, every: float = 0.1) -> Iterator[list[int]]:
         thread.join()
 
 
+@contextmanager
+def cpu_used(processes: dict[str, int]) -> Iterator[dict[str, float]]:
+    """CPU seconds that each of ``processes`` (name: pid), this process's threads (``self``) and
+    the children it reaped (``children``: a pack command, reader processes) used while the block
+    ran, and its ``wall`` seconds: filled in on exit. On a few cores, what the S3 server and the
+    proxy take bounds what is left for the side being measured."""
+
+    def now() -> dict[str, float]:
+        mine = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            **{name: proc_cpu(pid) for name, pid in processes.items()},
+            "self": mine.ru_utime + mine.ru_stime,
+            "children": children.ru_utime + children.ru_stime,
+            "wall": time.perf_counter(),
+        }
+
+    used: dict[str, float] = {}
+    before = now()
+    try:
+        yield used
+    finally:
+        after = now()
+        used.update({key: round(after[key] - before[key], 2) for key in before})
+
+
 def stats(mnt: Path) -> dict:
     return json.loads((mnt / ".dlfs" / "stats").read_bytes())
 
 
-def epoch(mnt: Path, items: list[str], readers: int, batch: int) -> tuple[dict[str, float], dict]:
-    """One published-order epoch through a fresh mount, after ImageFolder's scan (untimed)."""
+def epoch(
+    mnt: Path, items: list[str], readers: int, batch: int, processes: dict[str, int] | None = None
+) -> tuple[dict, dict]:
+    """One published-order epoch through a fresh mount, after ImageFolder's scan (untimed); given
+    ``processes``, with the CPU it cost them and the readers (``cpu``). And what it moved per tier."""
     bench.imagefolder_scan(str(mnt))
     before = stats(mnt)
-    run = bench.run_once(
-        bench.Root("mnt", str(mnt)), "orderread", items, bench.Options(readers=readers, batch=batch)
-    )
+    with cpu_used(processes or {}) as used:
+        run = bench.run_once(
+            bench.Root("mnt", str(mnt)), "orderread", items, bench.Options(readers=readers, batch=batch)
+        )
+    if processes is not None:
+        run = run | {"cpu": used}
     after = stats(mnt)
     moved = {
         tier: {key: after[tier][key] - before[tier][key] for key in after[tier]}
@@ -159,7 +193,7 @@ def main() -> None:
     keys = tree.files  # relative to src, sorted
     total = sum(os.path.getsize(src / key) for key in keys)
     mnt, log = args.s3_work / "mnt", args.s3_work / "mount.log"
-    results: dict[str, object] = {"files": len(keys), "bytes": total}
+    results: dict[str, object] = {"files": len(keys), "bytes": total, "cores": os.cpu_count()}
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -181,13 +215,17 @@ def main() -> None:
             args.threads,
             lambda t: objects.upload_objects(objects.s3_store(env, BUCKET, f"probe-{t}"), probe, t),
         )
-        per_object = objects.upload_objects(per_file, src, threads)
-        started = time.perf_counter()
-        subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
-        packed = objects.Result.of(len(keys), total, time.perf_counter() - started)
+        shape = {"server": s3.server.pid, "proxy": s3.proxy.pid}
+        with cpu_used(shape) as objects_cpu:
+            per_object = objects.upload_objects(per_file, src, threads)
+        with cpu_used(shape) as pack_cpu:
+            started = time.perf_counter()
+            subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
+            packed = objects.Result.of(len(keys), total, time.perf_counter() - started)
         results["upload"] = {
-            "objects": per_object.__dict__ | {"threads": threads, "tried_objects_per_s": tried},
-            "dlfs_pack": packed.__dict__,
+            "objects": per_object.__dict__
+            | {"threads": threads, "tried_objects_per_s": tried, "cpu": objects_cpu},
+            "dlfs_pack": packed.__dict__ | {"cpu": pack_cpu},
             "speedup": packed.seconds and per_object.seconds / packed.seconds,
         }
         say(
@@ -202,7 +240,17 @@ def main() -> None:
                 orders[mode] = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
         drop_caches()
         threads, got, tried = best(args.threads, lambda t: objects.get_objects(per_file, orders["full"], t))
-        results["epoch"] = {"objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried}}
+        drop_caches()
+        with cpu_used(shape) as get_cpu:  # the best thread count once more, for the CPU it takes
+            again = objects.get_objects(per_file, orders["full"], threads)
+        results["epoch"] = {
+            "objects": got.__dict__
+            | {
+                "threads": threads,
+                "tried_objects_per_s": tried,
+                "cpu": get_cpu | {"items_per_s": again.objects_per_s},
+            }
+        }
         say(f"epoch: objects {got.objects_per_s:,.0f}/s ({threads} threads)")
         local_runs = {}
         for mode, order in orders.items():
@@ -210,7 +258,7 @@ def main() -> None:
             flags = ("--log-file", str(log), "--order", mode)
             drop_caches()
             with dlfs_mount(url, mnt, *flags) as (pid, _), rss_sampled(pid) as rss:
-                run, moved = epoch(mnt, items, args.readers, args.batch)
+                run, moved = epoch(mnt, items, args.readers, args.batch, shape | {"daemon": pid})
                 budgets = {
                     "prefetch": stats(mnt)["prefetch"]["budget"],
                     "cache": stats(mnt)["cache"]["budget"],
@@ -236,8 +284,8 @@ def main() -> None:
         flags = ("--log-file", str(log), "--cache-dir", str(cache), "--order", args.tier_order)
         items = bench.job_items("orderread", tree, orders[args.tier_order], 0)
         drop_caches()
-        with dlfs_mount(url, mnt, *flags):
-            first, first_moved = epoch(mnt, items, args.readers, args.batch)
+        with dlfs_mount(url, mnt, *flags) as (pid, _):
+            first, first_moved = epoch(mnt, items, args.readers, args.batch, shape | {"daemon": pid})
         # Later epochs from the tier against the local shards, alternating, medians of --repeat:
         # both are local reads, where this machine's run-to-run noise is larger than any one gap.
         seconds, locals_ = [], []

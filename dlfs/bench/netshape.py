@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlfs.bench.seaweed import SeaweedServer
-from dlfs.bench.service import Service
+from dlfs.bench.service import ProcessService, Service
 
 #: The /30 subnets of veth pairs come from here; a range no ordinary network uses.
 ADDRESS_POOL = ipaddress.ip_network("10.231.0.0/16")
@@ -157,7 +157,7 @@ class ShapedNetwork(Service):
             self._namespace_made = False
 
 
-class DelayProxy(Service):
+class DelayProxy(ProcessService):
     """The delaying proxy (``python -m dlfs.bench.netshape proxy``) as a subprocess, to ``target`` from
     ``listen_host``; ``port`` and ``endpoint`` (an http URL) say where to connect once entered."""
 

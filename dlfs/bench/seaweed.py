@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlfs.bench.service import Service
+from dlfs.bench.service import ProcessService
 
 #: Seconds ``weed`` gets after SIGTERM before SIGKILL.
 STOP_GRACE = 2.0
@@ -56,7 +56,7 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-class SeaweedServer(Service):
+class SeaweedServer(ProcessService):
     """``weed server`` with an S3 gateway, one identity with full rights, data under ``root``.
 
     ``endpoint`` is the S3 URL; ``env()`` the AWS variables a client (dlfs, boto3) uses to reach it.

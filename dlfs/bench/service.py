@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from types import TracebackType
 from typing import Self
 
@@ -31,3 +32,16 @@ class Service:
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class ProcessService(Service):
+    """A service that is one process, ``_process`` once started."""
+
+    _process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The running process (benchmarks read its CPU time)."""
+        if self._process is None:
+            raise RuntimeError("not started")
+        return self._process.pid
