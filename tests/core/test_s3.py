@@ -126,20 +126,24 @@ def test_the_index_is_copied_once_per_dataset_id_and_refetched_when_damaged(
     assert damaged.received > len(data)  # fetched whole again
 
 
-def _one_shard(tmp_path: Path, s3: str) -> tuple[S3Store, bytes]:
+@pytest.fixture
+def one_shard(tmp_path: Path, s3: str) -> Iterator[tuple[S3Store, bytes]]:
     """A store holding one object ``data.shard`` of 3 blocks and a bit, and its bytes."""
     data = os.urandom(3 * BLOCK + 1000)
     (tmp_path / "data.shard").write_bytes(data)
     store = S3Store(f"{s3}/tier")
-    store.put_file("data.shard", tmp_path / "data.shard")
-    return store, data
+    try:
+        store.put_file("data.shard", tmp_path / "data.shard")
+        yield store, data
+    finally:
+        store.close()
 
 
-def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, s3: str) -> None:
+def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, one_shard: tuple[S3Store, bytes]) -> None:
     """The read-ahead stages spans into the disk tier as ``Reader.stage`` does: every span hinted,
     then each filled. Two spans sharing a block hint overlapping runs; once the first has kept that
     block, the second fetches its run less that block, from its hint: no GET more, no hint left."""
-    store, data = _one_shard(tmp_path, s3)
+    store, data = one_shard
     tier = CachedStore(store, tmp_path / "cache")
     try:
         requests = store.requests
@@ -154,36 +158,32 @@ def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, s3: str) -> No
         assert store.requests == requests + 2
     finally:
         tier.close()
-        store.close()
 
 
 def test_a_hint_nobody_reads_is_let_go_when_a_new_one_needs_its_room(
-    tmp_path: Path, s3: str, monkeypatch: pytest.MonkeyPatch
+    one_shard: tuple[S3Store, bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, data = _one_shard(tmp_path, s3)
+    store, data = one_shard
     monkeypatch.setattr(s3_module, "AHEAD_BYTES", BLOCK)
-    try:
-        store.will_read("data.shard", 0, BLOCK)  # abandoned
-        store.will_read("data.shard", BLOCK, BLOCK)  # no room: dropped
-        assert list(store._ahead) == [("data.shard", 0, BLOCK)]
-        store._ahead[("data.shard", 0, BLOCK)][0].result()
-        monkeypatch.setattr(s3_module, "HINT_TTL", 0.0)
-        store.will_read("data.shard", BLOCK, BLOCK)  # the abandoned one is let go
-        assert list(store._ahead) == [("data.shard", BLOCK, BLOCK)] and store._ahead_bytes == BLOCK
-        store._ahead[("data.shard", BLOCK, BLOCK)][0].result()
-        requests = store.requests
-        assert store.read("data.shard", BLOCK, BLOCK) == data[BLOCK : 2 * BLOCK]
-        assert store.requests == requests and store._ahead_bytes == 0  # the hint's GET served it
-    finally:
-        store.close()
+    store.will_read("data.shard", 0, BLOCK)  # abandoned
+    store.will_read("data.shard", BLOCK, BLOCK)  # no room: dropped
+    assert list(store._ahead) == [("data.shard", 0, BLOCK)]
+    store._ahead[("data.shard", 0, BLOCK)][0].result()
+    monkeypatch.setattr(s3_module, "HINT_TTL", 0.0)
+    store.will_read("data.shard", BLOCK, BLOCK)  # the abandoned one is let go
+    assert list(store._ahead) == [("data.shard", BLOCK, BLOCK)] and store._ahead_bytes == BLOCK
+    store._ahead[("data.shard", BLOCK, BLOCK)][0].result()
+    requests = store.requests
+    assert store.read("data.shard", BLOCK, BLOCK) == data[BLOCK : 2 * BLOCK]
+    assert store.requests == requests and store._ahead_bytes == 0  # the hint's GET served it
 
 
 def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_what_is_missing(
-    tmp_path: Path, s3: str
+    tmp_path: Path, one_shard: tuple[S3Store, bytes]
 ) -> None:
     """``read_into`` copies a GET's buffer into the caller's; ``fill`` fetches the blocks the tier
     lacks, one GET per run of them, and nothing it holds; both give the object's bytes."""
-    store, data = _one_shard(tmp_path, s3)
+    store, data = one_shard
     buffer = bytearray(100)
     assert store.read_into("data.shard", 7, memoryview(buffer)) == 100 and buffer == data[7:107]
     assert store.read_into("data.shard", len(data) - 10, memoryview(buffer)) == 10  # the object's end
@@ -207,7 +207,6 @@ def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_wha
         assert store.requests == requests + 3
     finally:
         tier.close()
-        store.close()
 
 
 def test_wrong_bucket_credentials_or_endpoint_are_one_line_errors(
