@@ -635,36 +635,40 @@ def _s3_cpu(r: Json) -> list[str]:
     """Where the CPU went in each run of ``s3``: the S3 server and the proxy against the side
     measured, on a machine whose cores give at most their count times the wall time."""
     up, epoch, tier, cores = r["upload"], r["epoch"], r["disk_tier"], r["cores"]
+
+    def mount(run: Json) -> str:
+        return f"daemon {run['daemon_cpu_s']:.1f} + readers {run['reader_cpu_s']:.1f}"
+
     runs = [
-        ("upload, objects", up["objects"]["cpu"], "self", "threads"),
-        ("upload, `dlfs pack`", up["dlfs_pack"]["cpu"], "children", "pack"),
-        ("epoch, objects (GET per file)", epoch["objects"]["cpu"], "self", "threads"),
+        ("upload, objects", up["objects"]["cpu"], f"threads {up['objects']['cpu']['threads']:.1f}"),
+        ("upload, `dlfs pack`", up["dlfs_pack"]["cpu"], f"pack {up['dlfs_pack']['cpu']['pack']:.1f}"),
+        (
+            "epoch, objects (GET per file)",
+            epoch["objects"]["cpu"],
+            f"threads {epoch['objects']['cpu']['threads']:.1f}",
+        ),
         *[
             (
                 f"epoch, mount of the bucket, `--order {mode}`",
                 epoch[mode]["dlfs_s3"]["cpu"],
-                "daemon",
-                "daemon",
+                mount(epoch[mode]["dlfs_s3"]),
             )
             for mode in ("full", "block")
             if mode in epoch
         ],
-        ("first epoch into the disk tier", tier["first_epoch"]["cpu"], "daemon", "daemon"),
+        ("first epoch into the disk tier", tier["first_epoch"]["cpu"], mount(tier["first_epoch"])),
     ]
-    rows = []
-    for label, cpu, side, name in runs:
-        readers = f" + readers {cpu['children']:.1f}" if side == "daemon" else ""
-        shaping = cpu["server"] + cpu["proxy"]
-        rows.append(
-            [
-                label,
-                f"{cpu['wall']:.1f}",
-                f"{cpu['server']:.1f}",
-                f"{cpu['proxy']:.1f}",
-                f"{name} {cpu[side]:.1f}{readers}",
-                f"{shaping / (cores * cpu['wall']):.0%}",
-            ]
-        )
+    rows = [
+        [
+            label,
+            f"{cpu['wall']:.1f}",
+            f"{cpu['server']:.1f}",
+            f"{cpu['proxy']:.1f}",
+            side,
+            f"{(cpu['server'] + cpu['proxy']) / (cores * cpu['wall']):.0%}",
+        ]
+        for label, cpu, side in runs
+    ]
     header = ["run", "wall s", "S3 server CPU s", "proxy CPU s", "the side measured, CPU s", "server + proxy"]
     return [
         f"CPU seconds while each run lasted (`server + proxy`: their share of the {cores} cores' time):",

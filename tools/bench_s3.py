@@ -42,7 +42,7 @@ from benchlib import DLFS, dlfs_mount, drop_caches, ensure_packed, rss_bytes
 from dlfs import bench
 from dlfs.bench import objects
 from dlfs.bench.netshape import shaped_seaweed
-from dlfs.bench.probes import proc_cpu
+from dlfs.bench.probes import proc_cpu, rusage_cpu
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.store import CachedStore, StoreOptions, index_copies
@@ -76,20 +76,12 @@ def rss_sampled(pid: int, every: float = 0.1) -> Iterator[list[int]]:
 
 @contextmanager
 def cpu_used(processes: dict[str, int]) -> Iterator[dict[str, float]]:
-    """CPU seconds that each of ``processes`` (name: pid), this process's threads (``self``) and
-    the children it reaped (``children``: a pack command, reader processes) used while the block
-    ran, and its ``wall`` seconds: filled in on exit. On a few cores, what the S3 server and the
-    proxy take bounds what is left for the side being measured."""
+    """CPU seconds that each of ``processes`` (name: pid) used while the block ran, and its
+    ``wall`` seconds: filled in on exit. On a few cores, what the S3 server and the proxy take
+    bounds what is left for the side being measured."""
 
     def now() -> dict[str, float]:
-        mine = resource.getrusage(resource.RUSAGE_SELF)
-        children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return {
-            **{name: proc_cpu(pid) for name, pid in processes.items()},
-            "self": mine.ru_utime + mine.ru_stime,
-            "children": children.ru_utime + children.ru_stime,
-            "wall": time.perf_counter(),
-        }
+        return {**{name: proc_cpu(pid) for name, pid in processes.items()}, "wall": time.perf_counter()}
 
     used: dict[str, float] = {}
     before = now()
@@ -108,7 +100,8 @@ def epoch(
     mnt: Path, items: list[str], readers: int, batch: int, processes: dict[str, int] | None = None
 ) -> tuple[dict, dict]:
     """One published-order epoch through a fresh mount, after ImageFolder's scan (untimed); given
-    ``processes``, with the CPU it cost them and the readers (``cpu``). And what it moved per tier."""
+    ``processes``, with the CPU they took meanwhile (``cpu``; the daemon's and the readers' are
+    ``run_once``'s own figures). And what it moved per tier."""
     bench.imagefolder_scan(str(mnt))
     before = stats(mnt)
     with cpu_used(processes or {}) as used:
@@ -216,12 +209,14 @@ def main() -> None:
             lambda t: objects.upload_objects(objects.s3_store(env, BUCKET, f"probe-{t}"), probe, t),
         )
         shape = {"server": s3.server.pid, "proxy": s3.proxy.pid}
-        with cpu_used(shape) as objects_cpu:
+        with_threads = shape | {"threads": os.getpid()}  # one object per file: this process's pool
+        with cpu_used(with_threads) as objects_cpu:
             per_object = objects.upload_objects(per_file, src, threads)
         with cpu_used(shape) as pack_cpu:
-            started = time.perf_counter()
+            started, children = time.perf_counter(), rusage_cpu(resource.RUSAGE_CHILDREN)
             subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
             packed = objects.Result.of(len(keys), total, time.perf_counter() - started)
+        pack_cpu["pack"] = round(rusage_cpu(resource.RUSAGE_CHILDREN) - children, 2)
         results["upload"] = {
             "objects": per_object.__dict__
             | {"threads": threads, "tried_objects_per_s": tried, "cpu": objects_cpu},
@@ -241,7 +236,7 @@ def main() -> None:
         drop_caches()
         threads, got, tried = best(args.threads, lambda t: objects.get_objects(per_file, orders["full"], t))
         drop_caches()
-        with cpu_used(shape) as get_cpu:  # the best thread count once more, for the CPU it takes
+        with cpu_used(with_threads) as get_cpu:  # the best thread count once more, for the CPU it takes
             again = objects.get_objects(per_file, orders["full"], threads)
         results["epoch"] = {
             "objects": got.__dict__
@@ -258,7 +253,7 @@ def main() -> None:
             flags = ("--log-file", str(log), "--order", mode)
             drop_caches()
             with dlfs_mount(url, mnt, *flags) as (pid, _), rss_sampled(pid) as rss:
-                run, moved = epoch(mnt, items, args.readers, args.batch, shape | {"daemon": pid})
+                run, moved = epoch(mnt, items, args.readers, args.batch, shape)
                 budgets = {
                     "prefetch": stats(mnt)["prefetch"]["budget"],
                     "cache": stats(mnt)["cache"]["budget"],
@@ -284,8 +279,8 @@ def main() -> None:
         flags = ("--log-file", str(log), "--cache-dir", str(cache), "--order", args.tier_order)
         items = bench.job_items("orderread", tree, orders[args.tier_order], 0)
         drop_caches()
-        with dlfs_mount(url, mnt, *flags) as (pid, _):
-            first, first_moved = epoch(mnt, items, args.readers, args.batch, shape | {"daemon": pid})
+        with dlfs_mount(url, mnt, *flags):
+            first, first_moved = epoch(mnt, items, args.readers, args.batch, shape)
         # Later epochs from the tier against the local shards, alternating, medians of --repeat:
         # both are local reads, where this machine's run-to-run noise is larger than any one gap.
         seconds, locals_ = [], []

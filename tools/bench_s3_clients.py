@@ -13,7 +13,6 @@ import argparse
 import io
 import os
 import random
-import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import obstore
 from boto3.s3.transfer import TransferConfig
 
 from dlfs.bench.objects import s3_store
+from dlfs.bench.probes import rusage_cpu
 from dlfs.bench.seaweed import SeaweedServer
 
 BUCKET = "clients"
@@ -30,16 +30,11 @@ PART = 16 << 20
 TRANSFER = TransferConfig(multipart_chunksize=PART, max_concurrency=4)
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def timed(work: Callable[[], object]) -> tuple[float, float]:
     """Wall and CPU seconds of ``work``."""
-    wall, cpu = time.perf_counter(), cpu_seconds()
+    wall, cpu = time.perf_counter(), rusage_cpu()
     work()
-    return time.perf_counter() - wall, cpu_seconds() - cpu
+    return time.perf_counter() - wall, rusage_cpu() - cpu
 
 
 def main() -> None:

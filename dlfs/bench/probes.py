@@ -8,10 +8,18 @@ flight: whether a cold job waited on the disk or on a CPU).
 from __future__ import annotations
 
 import os
+import resource
 import stat
 from pathlib import Path
 
 import numpy as np
+
+
+def rusage_cpu(who: int = resource.RUSAGE_SELF) -> float:
+    """User + system seconds of this process, all its threads (``RUSAGE_SELF``), or of the
+    children it has reaped (``RUSAGE_CHILDREN``)."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
 
 
 def proc_cpu(pid: int) -> float:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dlfs.bench.errors import BenchError
 from dlfs.bench.jobs import WORK
+from dlfs.bench.probes import rusage_cpu
 
 #: How long readers wait at the start line, so none is timed while the others are still starting.
 START_TIMEOUT = 60.0
@@ -33,15 +34,10 @@ class Share:
     cpu: float
 
 
-def _cpu(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _run_share(job: str, root: str, items: Sequence[str], start: Callable[[], object], who: int) -> Share:
     work = WORK[job]
     start()
-    cpu = _cpu(who)
+    cpu = rusage_cpu(who)
     latencies = []
     nbytes = 0
     clock = time.perf_counter
@@ -49,7 +45,7 @@ def _run_share(job: str, root: str, items: Sequence[str], start: Callable[[], ob
         began = clock()
         nbytes += work(root, item)
         latencies.append(clock() - began)
-    return Share(latencies, nbytes, clock(), _cpu(who) - cpu)
+    return Share(latencies, nbytes, clock(), rusage_cpu(who) - cpu)
 
 
 def _process_reader(job: str, root: str, items: Sequence[str], barrier: Any, conn: Any) -> None:
