@@ -78,6 +78,20 @@ def on_disk() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
+@pytest.fixture
+def in_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A fresh tmpfs (needs root): a filesystem that refuses reads that must not wait
+    (``RWF_NOWAIT`` gives EOPNOTSUPP), as ``/dev/shm`` is, and ``/tmp`` where it is a tmpfs."""
+    path = tmp_path / "tmpfs"
+    path.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=512m", "dlfs-test", str(path)]
+    subprocess.run(command, check=True, timeout=30)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True, timeout=30)
+
+
 def drop_from_memory(path: Path) -> None:
     """Evict a file's pages from the page cache, as if it had never been read (no root needed).
 

@@ -33,7 +33,8 @@ static inline int cached(int fd, int64_t off, int64_t len) {
 }
 
 /* Read len bytes at off. nowait: only what is in the page cache, or -EAGAIN. Returns bytes read
- * (fewer only at the end of the file) or -errno. */
+ * (fewer only at the end of the file) or -errno. A filesystem that cannot promise a read will not
+ * wait refuses RWF_NOWAIT (EOPNOTSUPP: tmpfs, /dev/shm); there cachestat answers instead. */
 static inline int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, int nowait) {
     int64_t got = 0;
     while (got < len) {
@@ -41,6 +42,12 @@ static inline int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, i
         ssize_t n = preadv2(fd, &iov, 1, off + got, nowait ? RWF_NOWAIT : 0);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n < 0 && errno == EOPNOTSUPP && nowait) {
+            if (cached(fd, off + got, len - got) != 1)
+                return -EAGAIN;
+            nowait = 0;
+            continue;
+        }
         if (n < 0)
             return -errno;
         if (n == 0)

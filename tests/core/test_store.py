@@ -55,6 +55,19 @@ def test_without_waiting_only_bytes_in_memory_are_read(store: LocalStore, on_dis
     assert bytes(buffer) == store.read("shard", 4096, MIB)
 
 
+def test_without_waiting_bytes_in_memory_are_read_where_the_filesystem_cannot_say(in_tmpfs: Path) -> None:
+    """tmpfs refuses RWF_NOWAIT (EOPNOTSUPP): its pages are asked about instead, and read."""
+    data = os.urandom(SIZE)
+    (in_tmpfs / "shard").write_bytes(data)
+    store = LocalStore(in_tmpfs, random_access=True)
+    buffer = memoryview(bytearray(MIB))
+    try:
+        assert store.read_into("shard", 4096, buffer, wait=False) == MIB
+    finally:
+        store.close()
+    assert bytes(buffer) == data[4096 : 4096 + MIB]
+
+
 def test_a_missing_object_is_named(store: LocalStore) -> None:
     with pytest.raises(DatasetError, match="gone"):
         store.read_into("gone", 0, memoryview(bytearray(10)))

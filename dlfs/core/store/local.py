@@ -1,7 +1,7 @@
 """A dataset in a directory of a local or network filesystem: shards and the index as plain files.
 
 Everything that is particular to files lives here: descriptors kept open, ``pread``/``preadv``,
-``RWF_NOWAIT`` behind a ``cachestat`` check, ``posix_fadvise`` hints, ``O_DIRECT`` descriptors for the
+reads that must not wait (``libc.read_in_memory``), ``posix_fadvise`` hints, ``O_DIRECT`` descriptors for the
 read-ahead's C loop, and writes gathered into ``writev`` with early write-back.
 """
 
@@ -168,14 +168,9 @@ class LocalStore:
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
             fd = self._fd(name)
-            if not wait and libc.in_memory(fd, offset, len(buffer)) is False:
-                return None  # RWF_NOWAIT alone would start reading the missing pages first
-            got = os.preadv(fd, [buffer], offset, 0 if wait else os.RWF_NOWAIT)
-        except BlockingIOError:
-            return None
+            return os.preadv(fd, [buffer], offset) if wait else libc.read_in_memory(fd, buffer, offset)
         except OSError as exc:
             raise self._read_error(name, offset, exc) from exc
-        return None if not wait and got < len(buffer) else got  # short: only a part is in memory
 
     def will_read(self, name: str, offset: int, length: int) -> None:
         try:
