@@ -196,12 +196,22 @@ def odd_tree(tmp_path: Path) -> Path:
     return make_odd_tree(tmp_path / "src")
 
 
+def _pack_odd_tree(odd_tree: Path, dst: Path) -> Path:
+    pack(odd_tree, dst, PackOptions(shard_size=SMALL_SHARD, progress=False))
+    return dst
+
+
 @pytest.fixture
 def packed(odd_tree: Path, tmp_path: Path) -> Path:
     """The odd tree packed in this process (the CLI's own pack is tested in tests/pack)."""
-    dst = tmp_path / "dataset"
-    pack(odd_tree, dst, PackOptions(shard_size=SMALL_SHARD, progress=False))
-    return dst
+    return _pack_odd_tree(odd_tree, tmp_path / "dataset")
+
+
+@pytest.fixture
+def packed_on_disk(odd_tree: Path, on_disk: Path) -> Path:
+    """``packed`` on a disk, for tests whose reads must wait for storage (``drop_from_memory``):
+    where ``/tmp`` is a tmpfs, ``packed`` is in memory for good."""
+    return _pack_odd_tree(odd_tree, on_disk / "dataset")
 
 
 def pid_alive(pid: int) -> bool:

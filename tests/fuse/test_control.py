@@ -131,10 +131,10 @@ def test_every_file_appears_once_per_epoch_in_both_modes(packed: Path, mount, mo
         assert np.unique(lines).size == len(lines)
 
 
-def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed: Path, odd_tree: Path, mount) -> None:
-    for shard in packed.glob("*.shard"):
+def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed_on_disk: Path, odd_tree: Path, mount) -> None:
+    for shard in packed_on_disk.glob("*.shard"):
         drop_from_memory(shard)  # so that reads wait for storage
-    with mount(packed, "--native-threads", "0") as mnt:  # Python answers the reads: latencies counted
+    with mount(packed_on_disk, "--native-threads", "0") as mnt:  # Python answers the reads: latencies counted
         for path in sorted((odd_tree / "many").iterdir())[:50]:
             assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
         totals = json.loads(dlfs("stats", mnt, "--json").stdout)

@@ -64,14 +64,14 @@ def cumulative(counts: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("native_threads", ["0", "2"])
 def test_a_scrape_gives_the_counters_of_dlfs_stats(
-    packed: Path, odd_tree: Path, mount, native_threads: str
+    packed_on_disk: Path, odd_tree: Path, mount, native_threads: str
 ) -> None:
     """Read files through Python (0) or the C threads (2), then scrape: the same figures as
     ``.dlfs/stats``, which reading the stats file does not change (it counts READs of files only)."""
-    for shard in packed.glob("*.shard"):
+    for shard in packed_on_disk.glob("*.shard"):
         drop_from_memory(shard)  # so that Python's reads wait for storage
     port = free_port()
-    with mount(packed, "--native-threads", native_threads, "--metrics-port", str(port)) as mnt:
+    with mount(packed_on_disk, "--native-threads", native_threads, "--metrics-port", str(port)) as mnt:
         for path in sorted((odd_tree / "many").iterdir())[:60]:
             assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
         # The daemon's own listings (of folders read by name) finish first: then nothing moves.
