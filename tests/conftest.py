@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dlfs.bench.seaweed import SeaweedServer
+from dlfs.bench.seaweed import SeaweedServer, Tls
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
@@ -322,10 +322,28 @@ def flip_byte(path: Path, offset: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def make_tls(directory: Path, ip: str = "127.0.0.1") -> Tls:
+    """A private CA and a certificate it signed for ``ip`` (openssl, as an operator would)."""
+    names = ("ca.pem", "ca.key", "s3.pem", "s3.key", "s3.csr", "s3.cnf")
+    ca, ca_key, cert, key, request, extensions = (directory / name for name in names)
+    extensions.write_text(f"subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth\n")
+    new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for command in (
+        ["req", "-x509", *new_key, "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=dlfs test CA"],
+        ["req", *new_key, "-keyout", key, "-out", request, "-subj", f"/CN={ip}"],
+        ["x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-out", cert, "-days", "2",
+         "-extfile", extensions],
+    ):  # fmt: skip
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True, timeout=60)
+    return Tls(cert, key, ca)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """One real S3 server (SeaweedFS) for the session; tests keep apart by bucket."""
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed")) as server:
+    """One real S3 server (SeaweedFS) for the session; tests keep apart by bucket. It serves HTTPS
+    too, with a certificate signed by a private CA (``server.tls.ca``)."""
+    root = tmp_path_factory.mktemp("seaweed")
+    with SeaweedServer(root, tls=make_tls(tmp_path_factory.mktemp("tls"))) as server:
         yield server
 
 

@@ -20,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlfs.bench.service import ProcessService
@@ -56,21 +57,36 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+@dataclass(frozen=True)
+class Tls:
+    """The S3 gateway's certificate and key (PEM), and the certificate of the CA that signed it,
+    which a client must be told to trust."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 class SeaweedServer(ProcessService):
     """``weed server`` with an S3 gateway, one identity with full rights, data under ``root``.
 
     ``endpoint`` is the S3 URL; ``env()`` the AWS variables a client (dlfs, boto3) uses to reach it.
     ``prefix`` goes before the command (``ip netns exec NS`` runs it in a network namespace, see
     ``netshape``), and ``ip`` is the address it binds to and advertises, which must be reachable
-    from here.
+    from here. With ``tls`` the gateway also serves HTTPS, at ``https_endpoint``.
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], prefix: Sequence[str] = (), ip: str = "127.0.0.1"
+        self,
+        root: str | os.PathLike[str],
+        prefix: Sequence[str] = (),
+        ip: str = "127.0.0.1",
+        tls: Tls | None = None,
     ) -> None:
         self.root = Path(root)
         self.prefix = list(prefix)
         self.ip = ip
+        self.tls = tls
         self.access_key = "dlfs-" + uuid.uuid4().hex[:12]
         self.secret_key = uuid.uuid4().hex
         self.port = 0
@@ -82,6 +98,12 @@ class SeaweedServer(ProcessService):
     @property
     def endpoint(self) -> str:
         return f"http://{self.ip}:{self.port}"
+
+    @property
+    def https_endpoint(self) -> str:
+        if self.tls is None:
+            raise RuntimeError("this server was started without tls: it serves plain HTTP alone")
+        return f"https://{self.ip}:{self._ports[-1]}"
 
     def env(self) -> dict[str, str]:
         return {
@@ -102,9 +124,12 @@ class SeaweedServer(ProcessService):
         }
         config.write_text(json.dumps({"identities": [identity]}))
         # Free on the host's loopback; inside a fresh namespace every port is free.
-        self._ports = self._ports or free_ports(8)
-        master, volume, filer, s3, *grpc = self._ports
+        self._ports = self._ports or free_ports(9)
+        master, volume, filer, s3, *grpc, https = self._ports
         self.port = s3
+        tls = [] if self.tls is None else [
+            f"-s3.cert.file={self.tls.cert}", f"-s3.key.file={self.tls.key}", f"-s3.port.https={https}",
+        ]  # fmt: skip
         command = [
             *self.prefix, weed_binary(), "server", f"-dir={data}", f"-ip={self.ip}", f"-ip.bind={self.ip}",
             f"-master.port={master}", f"-master.port.grpc={grpc[0]}",
@@ -116,7 +141,7 @@ class SeaweedServer(ProcessService):
             # none left and every PUT fails with 500.
             f"-master.volumeSizeLimitMB={VOLUME_MB}", f"-volume.max={VOLUMES}", "-volume.preStopSeconds=0",
             # Off: fixed ports, on which a second server on this machine would clash.
-            "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-master.telemetry=false", "-s3.port.iceberg=0", "-s3.port.lance=0", *tls,
         ]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(

@@ -322,6 +322,29 @@ def test_credentials_come_from_a_profile(
     assert "dataset_id:" in dlfs("info", url).stdout
 
 
+def test_an_https_endpoint_behind_a_private_ca_is_trusted_through_the_aws_ca_bundle(
+    odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An on-premises store (Ceph RGW, MinIO) often has a certificate from a private CA: dlfs trusts
+    the CA that AWS_CA_BUNDLE or the profile's ca_bundle names, as the AWS CLI does, and says what
+    to set when the certificate is not trusted."""
+    url = f"{s3}/tls"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.https_endpoint)
+    assert_one_line_error(dlfs("ls", url, check=False), "not trusted", "UnknownIssuer", "AWS_CA_BUNDLE")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(s3_server.tls.ca))
+    dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD))
+    assert "OK: checked" in dlfs("verify", url).stdout  # every byte read back over HTTPS
+    monkeypatch.delenv("AWS_CA_BUNDLE")
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\nca_bundle = {s3_server.tls.ca}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    assert dlfs("ls", "-R", url).stdout == dlfs("ls", "-R", url, "--endpoint-url", s3_server.endpoint).stdout
+    unusable = ((tmp_path / "gone.pem", "cannot read the CA bundle"), (config, "no PEM certificate"))
+    for bundle, complaint in unusable:
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+        assert_one_line_error(dlfs("ls", url, check=False), complaint, str(bundle))
+
+
 def test_temporary_credentials_are_renewed_while_the_store_is_in_use(
     odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

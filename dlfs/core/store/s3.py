@@ -3,8 +3,9 @@
 The client is obstore (Rust's ``object_store``): its blocking calls release the GIL, so the mount's
 storage threads and the read-ahead's batches each keep a ranged GET in flight at once, and it
 retries transient failures (5xx, resets, timeouts) with jittered exponential backoff. Endpoint,
-region and credentials are found the standard AWS way by boto3's session (environment, profiles,
-``~/.aws/config`` and ``credentials``, SSO, instance roles); obstore asks it for credentials again
+region, credentials and a private CA's certificates (``AWS_CA_BUNDLE``, ``ca_bundle``) are found
+the standard AWS way by boto3's session (environment, profiles, ``~/.aws/config`` and
+``credentials``, SSO, instance roles); obstore asks it for credentials again
 every ``CREDENTIALS_TTL``, and botocore renews temporary ones before they expire, so a job outlives
 its first session token. Credentials never reach a log line or an error message.
 
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
 from dlfs.core.errors import DatasetError, StoreError
@@ -96,6 +97,8 @@ class _Credentials:
 
 
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+#: rustls's reason for refusing the server's certificate, in obstore's error (UnknownIssuer, ...).
+_UNTRUSTED = re.compile(r"InvalidCertificate\(\s*(\w+)")
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
 
 
@@ -124,21 +127,26 @@ class S3Store:
         self._ahead: dict[tuple[str, int, int], tuple[Future[Bytes], float]] = {}  # and when hinted
         self._ahead_bytes = 0
         self._pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="dlfs-s3-ahead")
-        self.endpoint, region, self._session = _aws_settings(options, self.url)
+        settings = _aws_settings(options, self.url)
+        self.endpoint, self._session = settings.endpoint, settings.session
         credentials = self._session.get_credentials()
-        config: dict[str, Any] = {"region": region}
+        config: dict[str, Any] = {"region": settings.region}
         if not AWS_HOST.search(urlparse(self.endpoint).hostname or ""):
             config["endpoint"] = self.endpoint  # AWS itself: obstore builds the regional endpoint
         timeout = datetime.timedelta(seconds=options.timeout)
+        client_options: dict[str, Any] = {
+            "allow_http": self.endpoint.startswith("http://"),
+            "connect_timeout": CONNECT_TIMEOUT,
+            "timeout": timeout,  # a stalled connection never holds a read longer than this
+        }
+        if settings.ca_bundle:
+            # Trusted beside the system's roots, as botocore trusts it for boto3's own calls.
+            client_options["root_certificate"] = _read_ca_bundle(settings.ca_bundle)
         self._store = obstore.store.S3Store(
             self.location.bucket,
             prefix=self.location.prefix or None,
             config=config,
-            client_options={
-                "allow_http": self.endpoint.startswith("http://"),
-                "connect_timeout": CONNECT_TIMEOUT,
-                "timeout": timeout,  # a stalled connection never holds a read longer than this
-            },
+            client_options=client_options,
             retry_config={
                 "max_retries": 16,
                 "retry_timeout": timeout,
@@ -176,6 +184,12 @@ class S3Store:
         code = match.group(1) if match else None
         if code == "NoSuchBucket":
             return self._no_bucket()
+        untrusted = _UNTRUSTED.search(text)
+        if untrusted:
+            return (
+                f"{what}: the TLS certificate of {self.endpoint} is not trusted ({untrusted.group(1)}); "
+                "name the certificate of the CA that signed it in AWS_CA_BUNDLE or ca_bundle in ~/.aws/config"
+            )
         if code in _DENIED or isinstance(exc, obe.PermissionDeniedError | obe.UnauthenticatedError):
             return (
                 f"{what}: access denied by {self.endpoint} ({code or 'HTTP 403'}); check the credentials "
@@ -369,16 +383,27 @@ def _file_parts(path: Path) -> Iterator[bytes]:
             yield part
 
 
-def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
-    """(endpoint, region, boto3 session) the way the AWS CLI finds them, ``--endpoint-url`` first."""
+class _AwsSettings(NamedTuple):
+    endpoint: str
+    region: str
+    session: Any  # a boto3 Session, whose type is made at runtime
+    #: A PEM file of CA certificates to trust beside the system's (None: the system's alone).
+    ca_bundle: str | None
+
+
+def _aws_settings(options: StoreOptions, url: str) -> _AwsSettings:
+    """What the AWS CLI would use to reach ``url``, ``--endpoint-url`` first."""
     import boto3
     import botocore.exceptions
+    import botocore.session
 
     try:
-        session = boto3.Session()
+        core = botocore.session.get_session()
+        session = boto3.Session(botocore_session=core)
         credentials = session.get_credentials()
         region = session.region_name or "us-east-1"
         endpoint = options.endpoint_url or session.client("s3", region_name=region).meta.endpoint_url
+        ca_bundle = core.get_config_variable("ca_bundle")  # AWS_CA_BUNDLE, else the profile's
     except botocore.exceptions.BotoCoreError as exc:
         raise StoreError(f"cannot set up access to {url}: {exc}") from None
     if credentials is None:
@@ -386,7 +411,21 @@ def _aws_settings(options: StoreOptions, url: str) -> tuple[str, str, Any]:
             f"no AWS credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "or AWS_PROFILE with ~/.aws/credentials"
         )
-    return endpoint.rstrip("/"), region, session
+    return _AwsSettings(endpoint.rstrip("/"), region, session, ca_bundle)
+
+
+def _read_ca_bundle(path: str) -> bytes:
+    try:
+        pem = Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise StoreError(
+            f"cannot read the CA bundle {path} (AWS_CA_BUNDLE or ca_bundle in ~/.aws/config): {exc.strerror}"
+        ) from None
+    if b"-----BEGIN CERTIFICATE-----" not in pem:
+        raise StoreError(
+            f"the CA bundle {path} (AWS_CA_BUNDLE or ca_bundle in ~/.aws/config) holds no PEM certificate"
+        )
+    return pem
 
 
 class _UploadPipe:
