@@ -1,7 +1,7 @@
 /* Shard reads through the page cache, and the question whether they would wait for storage (which
  * starts no I/O), shared by the C loops of the read-ahead (dlfs/readahead/_push.c) and of the
  * native request server (dlfs/fuse/_server.c); the Python side of that question is
- * dlfs/core/libc.py's in_memory. Include after defining _GNU_SOURCE (preadv2, RWF_NOWAIT).
+ * dlfs/core/libc.py's in_memory, and of the read dlfs/core/store/local.py's _read_in_memory. Include after defining _GNU_SOURCE (preadv2, RWF_NOWAIT).
  */
 #ifndef DLFS_PAGECACHE_H
 #define DLFS_PAGECACHE_H
@@ -34,7 +34,8 @@ static inline int cached(int fd, int64_t off, int64_t len) {
 
 /* Read len bytes at off. nowait: only what is in the page cache, or -EAGAIN. Returns bytes read
  * (fewer only at the end of the file) or -errno. A filesystem that cannot promise a read will not
- * wait refuses RWF_NOWAIT (EOPNOTSUPP: tmpfs, /dev/shm); there cachestat answers instead. */
+ * wait refuses RWF_NOWAIT (EOPNOTSUPP: tmpfs, squashfs, overlayfs, FUSE); there cachestat answers
+ * instead. */
 static inline int64_t read_all(int fd, uint8_t *buf, int64_t len, int64_t off, int nowait) {
     int64_t got = 0;
     while (got < len) {

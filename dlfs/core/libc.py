@@ -99,28 +99,6 @@ def in_memory(fd: int, offset: int, length: int) -> bool | None:
     return None if pages is None else pages >= (offset + length - 1) // PAGE - offset // PAGE + 1
 
 
-def read_in_memory(fd: int, buffer: memoryview, offset: int) -> int | None:
-    """Fill ``buffer`` from ``offset`` of ``fd`` only if the bytes are in the page cache; None if
-    some are not, or the file ends before the buffer does. The
-    question comes first, as a refused ``RWF_NOWAIT`` read starts reading what it misses. A
-    filesystem that cannot promise a read will not wait refuses ``RWF_NOWAIT`` (EOPNOTSUPP: tmpfs,
-    ``/dev/shm``): there the answer to the question decides alone."""
-    held = in_memory(fd, offset, len(buffer))
-    if held is False:
-        return None
-    try:
-        got = os.preadv(fd, [buffer], offset, os.RWF_NOWAIT)
-    except BlockingIOError:
-        return None
-    except OSError as exc:
-        if exc.errno != errno.EOPNOTSUPP:
-            raise
-        if not held:  # None: no cachestat to ask either
-            return None
-        got = os.preadv(fd, [buffer], offset)
-    return got if got == len(buffer) else None  # short: only a part is in memory
-
-
 def start_writeback(fd: int, offset: int, length: int) -> None:
     """Start writing ``length`` bytes of ``fd`` from ``offset`` to the disk; returns at once."""
     _libc.sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)

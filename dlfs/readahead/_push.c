@@ -176,9 +176,9 @@ static int64_t read_cached(const int32_t *fds, const int64_t *offsets, const int
  * Each read goes where its bytes are: through the page cache when it holds all of them (cachestat
  * says so, and a read that would wait after all is refused, RWF_NOWAIT), else with O_DIRECT from
  * direct_fds (where one is -1: through the page cache), all such reads at once. Each read is
- * decided on its own: sending the rest of a batch to the disk once one read found storage cold sent
- * hundreds of cached files to the disk for a few pages a warm shard lacked. Returns 1 when it read
- * directly, else 0. */
+ * decided on its own: sending the rest of a batch to the disk once one read found storage cold would
+ * send hundreds of cached files to the disk for a few pages a warm shard lacks. Returns 1 when it
+ * read directly, else 0. */
 int dlfs_push_files(int fuse_fd, uint8_t *buffer, int64_t buffer_size, int n_reads, const int32_t *fds,
                     const int32_t *direct_fds, const int64_t *offsets, const int64_t *lengths, const int32_t *ends,
                     const int64_t *file_offsets, const int64_t *file_lengths, const uint64_t *checksums,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import drop_from_memory
 
+from dlfs.core import libc
 from dlfs.core.errors import DatasetError
 from dlfs.core.store import LocalStore
 
@@ -66,6 +67,20 @@ def test_without_waiting_bytes_in_memory_are_read_where_the_filesystem_cannot_sa
     finally:
         store.close()
     assert bytes(buffer) == data[4096 : 4096 + MIB]
+
+
+def test_without_waiting_nothing_is_read_where_neither_the_filesystem_nor_cachestat_can_say(
+    in_tmpfs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel without cachestat (before 6.5) and a filesystem that refuses RWF_NOWAIT: the read
+    counts as one that would wait."""
+    monkeypatch.setattr(libc, "in_memory", lambda fd, offset, length: None)
+    (in_tmpfs / "shard").write_bytes(os.urandom(SIZE))
+    store = LocalStore(in_tmpfs, random_access=True)
+    try:
+        assert store.read_into("shard", 4096, memoryview(bytearray(MIB)), wait=False) is None
+    finally:
+        store.close()
 
 
 def test_a_missing_object_is_named(store: LocalStore) -> None:

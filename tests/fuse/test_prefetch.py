@@ -147,7 +147,7 @@ def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int =
     return root
 
 
-@pytest.mark.parametrize("filesystem", ["tmp_path", "in_tmpfs"])
+@pytest.mark.parametrize("filesystem", ["on_disk", "in_tmpfs"])
 def test_reads_in_published_order_are_served_from_the_page_cache(
     filesystem: str, request: pytest.FixtureRequest, mount
 ) -> None:

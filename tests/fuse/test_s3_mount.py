@@ -99,7 +99,7 @@ def test_a_scrape_of_an_s3_mount_gives_its_store_and_disk_tier_counters(
     assert value(samples, "dlfs_cache_budget_bytes", tier="disk") == 64 << 20
 
 
-@pytest.mark.parametrize("filesystem", ["tmp_path", "in_tmpfs"])
+@pytest.mark.parametrize("filesystem", ["on_disk", "in_tmpfs"])
 def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(
     filesystem: str, request: pytest.FixtureRequest, tmp_path: Path, s3: str, mount
 ) -> None:
@@ -107,7 +107,7 @@ def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(
     reads them as it reads a local dataset; the store is not asked for a byte. Also with the tier
     on tmpfs (``/dev/shm``), which refuses the C loop's reads that must not wait."""
     src = _classes(tmp_path / "src", classes=3, per_class=80)
-    url = f"{s3}/tier-epoch-{filesystem}"
+    url = f"{s3}/tier-epoch"
     pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
     cache = request.getfixturevalue(filesystem) / "cache"
     flags = ("--cache-dir", str(cache), "--order", "block", "--prefetch-budget", "4M")

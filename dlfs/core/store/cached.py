@@ -87,7 +87,7 @@ class _ShardFile:
         if self.direct_fd is None:
             try:
                 self.direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-            except OSError:  # a filesystem without direct I/O (tmpfs)
+            except OSError:  # a filesystem without direct I/O (squashfs; tmpfs before Linux 6.6)
                 self.direct_fd = -1
         return None if self.direct_fd < 0 else self.direct_fd
 

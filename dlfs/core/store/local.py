@@ -1,13 +1,14 @@
 """A dataset in a directory of a local or network filesystem: shards and the index as plain files.
 
 Everything that is particular to files lives here: descriptors kept open, ``pread``/``preadv``,
-reads that must not wait (``libc.read_in_memory``), ``posix_fadvise`` hints, ``O_DIRECT`` descriptors for the
-read-ahead's C loop, and writes gathered into ``writev`` with early write-back.
+reads that must not wait (``_read_in_memory``), ``posix_fadvise`` hints, ``O_DIRECT`` descriptors
+for the read-ahead's C loop, and writes gathered into ``writev`` with early write-back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from collections.abc import Iterator
@@ -36,6 +37,28 @@ WRITE_BUFFER = 4 << 20
 WRITE_GATHER = 512
 #: Written bytes handed to the disk at a time, so that the fsync at the end finds little left.
 WRITEBACK_STEP = 32 << 20
+
+
+def _read_in_memory(fd: int, buffer: memoryview, offset: int) -> int | None:
+    """Fill ``buffer`` from ``offset`` of ``fd`` only if the bytes are in the page cache; None if
+    some are not, or the file ends before the buffer does. The question comes first, as a refused
+    ``RWF_NOWAIT`` read starts reading what it misses. A filesystem that cannot promise a read will
+    not wait refuses ``RWF_NOWAIT`` (EOPNOTSUPP: tmpfs, squashfs, overlayfs, FUSE): there the answer
+    to the question decides alone, as in ``_pagecache.h``'s ``read_all``."""
+    held = libc.in_memory(fd, offset, len(buffer))
+    if held is False:
+        return None
+    try:
+        got = os.preadv(fd, [buffer], offset, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.EOPNOTSUPP:
+            raise
+        if held is None:  # no cachestat to ask either
+            return None
+        got = os.preadv(fd, [buffer], offset)
+    return got if got == len(buffer) else None  # short: only a part is in memory
 
 
 class _LocalWriter:
@@ -168,7 +191,7 @@ class LocalStore:
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
             fd = self._fd(name)
-            return os.preadv(fd, [buffer], offset) if wait else libc.read_in_memory(fd, buffer, offset)
+            return os.preadv(fd, [buffer], offset) if wait else _read_in_memory(fd, buffer, offset)
         except OSError as exc:
             raise self._read_error(name, offset, exc) from exc
 
