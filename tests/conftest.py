@@ -351,7 +351,7 @@ def use_s3(server: SeaweedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     """Point the AWS environment (this process and the CLIs it starts) at ``server``; a fresh
     prefix's URL in its one bucket (SeaweedFS gives each bucket volumes of its own, and runs out of
     them after a few). Index copies go under ``tmp_path``, not the user's cache."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in server.env().items():
         monkeypatch.setenv(name, value)

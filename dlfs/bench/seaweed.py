@@ -90,6 +90,7 @@ class SeaweedServer(ProcessService):
         self.access_key = "dlfs-" + uuid.uuid4().hex[:12]
         self.secret_key = uuid.uuid4().hex
         self.port = 0
+        self.https_port = 0
         #: Chosen at the first start and kept, so a restarted server is where clients left it.
         self._ports: list[int] = []
         self._process: subprocess.Popen[bytes] | None = None
@@ -101,9 +102,9 @@ class SeaweedServer(ProcessService):
 
     @property
     def https_endpoint(self) -> str:
-        if self.tls is None:
-            raise RuntimeError("this server was started without tls: it serves plain HTTP alone")
-        return f"https://{self.ip}:{self._ports[-1]}"
+        if not self.https_port:
+            raise RuntimeError("this server serves plain HTTP alone: start it with tls")
+        return f"https://{self.ip}:{self.https_port}"
 
     def env(self) -> dict[str, str]:
         return {
@@ -127,6 +128,7 @@ class SeaweedServer(ProcessService):
         self._ports = self._ports or free_ports(9)
         master, volume, filer, s3, *grpc, https = self._ports
         self.port = s3
+        self.https_port = 0 if self.tls is None else https
         tls = [] if self.tls is None else [
             f"-s3.cert.file={self.tls.cert}", f"-s3.key.file={self.tls.key}", f"-s3.port.https={https}",
         ]  # fmt: skip

@@ -322,27 +322,56 @@ def test_credentials_come_from_a_profile(
     assert "dataset_id:" in dlfs("info", url).stdout
 
 
-def test_an_https_endpoint_behind_a_private_ca_is_trusted_through_the_aws_ca_bundle(
-    odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+# An on-premises store (Ceph RGW, MinIO) often has a certificate from a private CA: dlfs trusts the
+# CA that AWS_CA_BUNDLE or the profile's ca_bundle names, as the AWS CLI does.
+
+
+def test_an_untrusted_certificate_is_a_one_line_error_that_says_what_to_set(
+    s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An on-premises store (Ceph RGW, MinIO) often has a certificate from a private CA: dlfs trusts
-    the CA that AWS_CA_BUNDLE or the profile's ca_bundle names, as the AWS CLI does, and says what
-    to set when the certificate is not trusted."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.https_endpoint)
+    result = dlfs("ls", f"{s3}/tls", check=False)
+    assert_one_line_error(result, "not trusted", "UnknownIssuer", "AWS_CA_BUNDLE", s3_server.https_endpoint)
+
+
+def test_the_ca_named_by_aws_ca_bundle_is_trusted(
+    odd_tree: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"{s3}/tls"
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.https_endpoint)
-    assert_one_line_error(dlfs("ls", url, check=False), "not trusted", "UnknownIssuer", "AWS_CA_BUNDLE")
     monkeypatch.setenv("AWS_CA_BUNDLE", str(s3_server.tls.ca))
     dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD))
     assert "OK: checked" in dlfs("verify", url).stdout  # every byte read back over HTTPS
-    monkeypatch.delenv("AWS_CA_BUNDLE")
+
+
+def test_the_ca_named_by_the_profiles_ca_bundle_is_trusted(
+    odd_tree: Path, tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"{s3}/tls"
+    dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD))  # over plain HTTP
+    listing = dlfs("ls", "-R", url).stdout
     config = tmp_path / "aws-config"
     config.write_text(f"[default]\nca_bundle = {s3_server.tls.ca}\n")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    assert dlfs("ls", "-R", url).stdout == dlfs("ls", "-R", url, "--endpoint-url", s3_server.endpoint).stdout
-    unusable = ((tmp_path / "gone.pem", "cannot read the CA bundle"), (config, "no PEM certificate"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.https_endpoint)
+    assert dlfs("ls", "-R", url).stdout == listing
+
+
+def test_an_unusable_ca_bundle_is_a_one_line_error(
+    tmp_path: Path, s3_server, s3: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.https_endpoint)
+    not_pem, bad_pem = tmp_path / "not.pem", tmp_path / "bad.pem"
+    not_pem.write_text("[default]\n")
+    bad_pem.write_text("-----BEGIN CERTIFICATE-----\nZm9v\n-----END CERTIFICATE-----\n")
+    unusable = (
+        (tmp_path / "gone.pem", "cannot read the CA bundle"),
+        (not_pem, "no PEM"),
+        (bad_pem, "cannot be used (BadEncoding)"),
+    )
     for bundle, complaint in unusable:
         monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
-        assert_one_line_error(dlfs("ls", url, check=False), complaint, str(bundle))
+        assert_one_line_error(dlfs("ls", f"{s3}/tls", check=False), complaint, str(bundle))
 
 
 def test_temporary_credentials_are_renewed_while_the_store_is_in_use(

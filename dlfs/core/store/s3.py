@@ -111,6 +111,7 @@ class S3Store:
     def __init__(self, url: str, options: StoreOptions | None = None) -> None:
         try:
             import boto3  # noqa: F401 - only to say what is missing before anything else
+            import obstore.exceptions
             import obstore.store
         except ImportError as exc:
             raise StoreError(
@@ -142,22 +143,25 @@ class S3Store:
         if settings.ca_bundle:
             # Trusted beside the system's roots, as botocore trusts it for boto3's own calls.
             client_options["root_certificate"] = _read_ca_bundle(settings.ca_bundle)
-        self._store = obstore.store.S3Store(
-            self.location.bucket,
-            prefix=self.location.prefix or None,
-            config=config,
-            client_options=client_options,
-            retry_config={
-                "max_retries": 16,
-                "retry_timeout": timeout,
-                "backoff": {
-                    "init_backoff": datetime.timedelta(milliseconds=100),
-                    "max_backoff": datetime.timedelta(seconds=4),
-                    "base": 2,
+        try:
+            self._store = obstore.store.S3Store(
+                self.location.bucket,
+                prefix=self.location.prefix or None,
+                config=config,
+                client_options=client_options,
+                retry_config={
+                    "max_retries": 16,
+                    "retry_timeout": timeout,
+                    "backoff": {
+                        "init_backoff": datetime.timedelta(milliseconds=100),
+                        "max_backoff": datetime.timedelta(seconds=4),
+                        "base": 2,
+                    },
                 },
-            },
-            credential_provider=_Credentials(credentials),
-        )
+                credential_provider=_Credentials(credentials),
+            )
+        except obstore.exceptions.BaseError as exc:  # the client refused its settings
+            raise StoreError(_setup_error(exc, self.url, settings.ca_bundle)) from None
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -412,6 +416,19 @@ def _aws_settings(options: StoreOptions, url: str) -> _AwsSettings:
             "or AWS_PROFILE with ~/.aws/credentials"
         )
     return _AwsSettings(endpoint.rstrip("/"), region, session, ca_bundle)
+
+
+def _setup_error(exc: Exception, url: str, ca_bundle: str | None) -> str:
+    """obstore's refusal of the client's settings as one line: of those, the CA bundle is the one a
+    user gives whose content can be wrong (a certificate that does not decode)."""
+    unusable = _UNTRUSTED.search(str(exc))
+    if unusable and ca_bundle:
+        return (
+            f"the CA bundle {ca_bundle} (AWS_CA_BUNDLE or ca_bundle in ~/.aws/config) holds a "
+            f"certificate that cannot be used ({unusable.group(1)})"
+        )
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"cannot set up access to {url}: {first[:300]}"
 
 
 def _read_ca_bundle(path: str) -> bytes:
