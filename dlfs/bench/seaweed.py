@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -186,11 +187,24 @@ class SeaweedServer(ProcessService):
                 client.put_object(Bucket=probe, Key="probe", Body=b"ok")
                 client.delete_object(Bucket=probe, Key="probe")
                 client.delete_bucket(Bucket=probe)
+                self._wait_tls()
                 return
             except Exception as exc:  # not up yet: refused, 503, no writable volume
                 error = exc
                 time.sleep(0.25)
         raise RuntimeError(f"weed server not ready after {READY_TIMEOUT:.0f} s: {error}; see {self.log_path}")
+
+    def _wait_tls(self) -> None:
+        """With ``tls``, a TLS handshake with the HTTPS port, trusting ``tls.ca``: once the plain port
+        takes writes, the HTTPS listener may still be starting."""
+        if self.tls is None:
+            return
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        with (
+            socket.create_connection((self.ip, self.https_port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname=self.ip),
+        ):
+            pass
 
     def stop(self) -> None:
         process, self._process = self._process, None
