@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,11 +45,11 @@ ORDINARY_USER = "dlfs-test"
 
 
 def dlfs(
-    *args: str | os.PathLike[str], check: bool = True, timeout: float = 120
+    *args: str | os.PathLike[str], check: bool = True, timeout: float = 120, launcher: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
+    """Run the real CLI in a subprocess, as a user would (started by ``launcher``, if any)."""
     result = subprocess.run(
-        [*DLFS, "-q", *map(str, args)],
+        [*launcher, *DLFS, "-q", *map(str, args)],
         capture_output=True,
         text=True,
         errors="surrogateescape",
@@ -263,15 +263,18 @@ def mount_pid(result: subprocess.CompletedProcess[str]) -> int:
 
 
 @contextmanager
-def mounted(dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None) -> Iterator[Path]:
-    """Mount with the real CLI (background daemon); always unmount, reap the daemon, check its log.
+def mounted(
+    dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None, launcher: Sequence[str] = ()
+) -> Iterator[Path]:
+    """Mount with the real CLI (background daemon, started by ``launcher``, if any); always unmount,
+    reap the daemon, check its log.
 
     The daemon must exit on its own once unmounted: one still alive 15 s later is killed and the
     test fails (a descriptor the test left open on the mount, or a daemon that hangs on exit).
     """
     mnt.mkdir(parents=True, exist_ok=True)
     log_file = log_file or mnt.parent / f"{mnt.name}.log"
-    result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra)
+    result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra, launcher=launcher)
     pid = mount_pid(result)
     try:
         yield mnt
@@ -288,8 +291,11 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., object]]:
     """Factory: ``with mount(dataset) as mnt:`` at a fresh mountpoint under tmp_path."""
     counter = iter(range(1000))
 
-    def factory(dataset: Path, *extra: str, log_file: Path | None = None) -> object:
-        return mounted(dataset, tmp_path / f"mnt{next(counter)}", *extra, log_file=log_file)
+    def factory(
+        dataset: Path, *extra: str, log_file: Path | None = None, launcher: Sequence[str] = ()
+    ) -> object:
+        mnt = tmp_path / f"mnt{next(counter)}"
+        return mounted(dataset, mnt, *extra, log_file=log_file, launcher=launcher)
 
     yield factory
 

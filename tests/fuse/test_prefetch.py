@@ -8,6 +8,9 @@ import ctypes
 import json
 import mmap
 import os
+import random
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -165,6 +168,36 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     prefetch = after["prefetch"]
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
+
+
+WITHOUT_CACHESTAT = [sys.executable, str(Path(__file__).with_name("without_cachestat.py"))]
+
+
+def test_without_cachestat_files_are_read_ahead_and_answered_natively(tmp_path: Path, mount) -> None:
+    """A kernel before 6.5 (those of most clusters) has no cachestat, which the read-ahead and the
+    native request server ask before reading: a seccomp filter takes it away here. The read-ahead
+    then asks with reads that must not wait, and the native server reads on."""
+    probe = "import os; from dlfs.core.libc import cachestat; print(cachestat(os.open('/', os.O_RDONLY), 1))"
+    asked = subprocess.run([*WITHOUT_CACHESTAT, sys.executable, "-c", probe], capture_output=True, text=True)
+    assert asked.stdout.strip() == "None", asked  # the filter works: no cachestat in what it starts
+    src = _make_classes(tmp_path / "src")
+    dlfs("pack", src, tmp_path / "ds", "--shard-size", "1M")
+    with mount(tmp_path / "ds", "--prefetch-budget", "64M", launcher=WITHOUT_CACHESTAT) as mnt:
+        mnt = Path(mnt)
+        for path in mnt.rglob("*.JPEG"):
+            path.stat()
+        paths = _published(mnt, "epoch-0")
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
+        data, _, _ = _read_checked(mnt, paths, len(paths))
+        expected = [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+        shuffled = random.Random(0).sample([p.relative_to(mnt) for p in paths], len(paths))
+    assert data == expected
+    with mount(tmp_path / "ds", "--prefetch-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
+        mnt = Path(mnt)
+        again = _read_all([mnt / p for p in shuffled])
+        native = _stats(mnt)["native"]
+    assert again == [(src / p).read_bytes() for p in shuffled]
+    assert native["answered"].get("read", 0) >= len(paths), json.dumps(native)
 
 
 def test_read_ahead_stays_within_its_budget(tmp_path: Path, mount) -> None:
