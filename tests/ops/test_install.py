@@ -137,7 +137,30 @@ def user_dir(shared: Path, ordinary_user: str, tmp_path: Path) -> Iterator[Path]
     return path
 
 
+#: Run as the user on their mount: read the published epoch once the read-ahead has fetched it; print
+#: how many files it pushed into the page cache and how many the epoch has.
+READ_AHEAD = """
+import json, sys, time
+from pathlib import Path
+from dlfs.core.protocol import parse_order
+mnt = Path(sys.argv[1])
+for path in mnt.rglob("*"):
+    path.stat()  # the kernel must know an inode before pages can be pushed to it
+paths = parse_order((mnt / ".dlfs" / "order" / "epoch-0.rank-0-of-1").read_bytes())
+def prefetch():
+    return json.loads((mnt / ".dlfs" / "stats").read_text())["prefetch"]
+deadline = time.monotonic() + 30
+while prefetch()["readings"]["epoch-0.rank-0-of-1"]["fetched"] < len(paths) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for path in paths:
+    (mnt / path).read_bytes()
+print(prefetch()["pushed_files"], len(paths))
+"""
+
+
 def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: Path) -> None:
+    """Also the read-ahead, which an unprivileged daemon runs without a detached view of its mount
+    (``open_tree`` needs CAP_SYS_ADMIN)."""
     dlfs = node / "bin" / "dlfs"
     dataset, mnt, log = user_dir / "dataset", user_dir / "mnt", user_dir / "mount.log"
     as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
@@ -147,6 +170,8 @@ def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: 
     try:
         pid = int(re.search(r"daemon pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
         assert os.stat(f"/proc/{pid}").st_uid != 0
+        pushed, files = map(int, as_user(node / "bin" / "python", "-c", READ_AHEAD, mnt).stdout.split())
+        assert files == 20 and pushed >= files - 1, (pushed, files)  # but the sentinel
         as_user("diff", "-r", user_dir / "src", mnt)
         as_user(dlfs, "umount", mnt)
         assert wait_until(lambda: not pid_alive(pid), 15)
