@@ -225,7 +225,7 @@ class CachedStore:
     def _fetch(self, name: str, first: int, last: int) -> list[memoryview]:
         """Blocks ``first``..``last`` of ``name`` from the store in one ranged read, each kept:
         views of the one buffer the read returned, never copies of it."""
-        data = memoryview(self.inner.read(name, first * BLOCK, (last - first + 1) * BLOCK))
+        data = memoryview(self.inner.read_buffer(name, first * BLOCK, (last - first + 1) * BLOCK))
         self.misses += last - first + 1
         self.fetched_bytes += len(data)
         blocks = [data[k * BLOCK : (k + 1) * BLOCK] for k in range(last - first + 1)]
@@ -263,6 +263,8 @@ class CachedStore:
                 pieces.append(block[lo:hi])
             number = run_end + 1
         return b"".join(pieces)
+
+    read_buffer = read  # the pieces are joined: there is no one buffer to lend
 
     def _missing_through(self, name: str, number: int, last: int) -> int:
         """The last block of the run of missing blocks from ``number`` (missing) up to ``last``."""

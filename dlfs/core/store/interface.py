@@ -59,6 +59,11 @@ class Store(Protocol):
     def read(self, name: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
 
+    def read_buffer(self, name: str, offset: int, length: int) -> bytes | memoryview:
+        """What ``read`` gives, in the buffer the store received it in: an object store's response
+        body, which ``read`` copies into ``bytes`` (for 8 MiB GETs, half the CPU of filling the disk
+        tier)."""
+
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         """Fill ``buffer`` with the bytes at ``offset``; returns how many (fewer only at the end of
         the object). ``wait=False``: None, at once, unless all of them are in memory already."""

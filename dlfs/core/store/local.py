@@ -188,6 +188,8 @@ class LocalStore:
         except OSError as exc:
             raise self._read_error(name, offset, exc) from exc
 
+    read_buffer = read  # a read makes its own bytes: there is no buffer to lend
+
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         try:
             fd = self._fd(name)

@@ -208,11 +208,11 @@ class S3Store:
         return f"{what}: {first[:300]}"
 
     def read(self, name: str, offset: int, length: int) -> bytes:
-        return bytes(self._received(name, offset, length)) if length > 0 else b""
+        return bytes(self.read_buffer(name, offset, length)) if length > 0 else b""
 
-    def _received(self, name: str, offset: int, length: int) -> Bytes | memoryview:
-        """The range as the client received it: from a GET ``will_read`` started for it, or for a
-        range holding it, or a new GET.
+    def read_buffer(self, name: str, offset: int, length: int) -> memoryview:
+        """The range in obstore's buffer, as the client received it: from a GET ``will_read``
+        started for it, or for a range holding it, or a new GET.
 
         A hint is used up by the first read inside it: the disk tier hints each run of blocks it
         lacks, and when two runs shared a block that the first one's read then kept, the second
@@ -231,15 +231,13 @@ class S3Store:
                 )
             ahead = self._ahead.pop(key, None)
         if ahead is None:
-            return self._get(name, offset, length)
+            return memoryview(self._get(name, offset, length))
         try:
-            data = ahead[0].result()
+            data = memoryview(ahead[0].result())
         finally:
             with self._lock:
                 self._ahead_bytes -= key[2]
-        if key[1:] == (offset, length):
-            return data
-        return memoryview(data)[offset - key[1] : offset - key[1] + length]
+        return data if key[1:] == (offset, length) else data[offset - key[1] : offset - key[1] + length]
 
     def _get(self, name: str, offset: int, length: int) -> Bytes:
         """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
@@ -258,7 +256,7 @@ class S3Store:
             return None  # nothing of an object store is in memory
         if not buffer:
             return 0
-        data = memoryview(self._received(name, offset, len(buffer)))
+        data = self.read_buffer(name, offset, len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
