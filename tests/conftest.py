@@ -78,18 +78,23 @@ def on_disk() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
-@pytest.fixture
-def in_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A fresh tmpfs (needs root): a filesystem that refuses reads that must not wait
-    (``RWF_NOWAIT`` gives EOPNOTSUPP), as ``/dev/shm`` is, and ``/tmp`` where it is a tmpfs."""
-    path = tmp_path / "tmpfs"
+@contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A fresh tmpfs of ``size`` at ``path`` (made here; needs root), unmounted on the way out."""
     path.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", "size=512m", "dlfs-test", str(path)]
-    subprocess.run(command, check=True, timeout=30)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "dlfs-test", path], check=True, timeout=30)
     try:
         yield path
     finally:
-        subprocess.run(["umount", "--lazy", str(path)], check=True, timeout=30)
+        subprocess.run(["umount", "--lazy", path], check=True, timeout=30)
+
+
+@pytest.fixture
+def in_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A filesystem that refuses reads that must not wait (``RWF_NOWAIT`` gives EOPNOTSUPP), as
+    ``/dev/shm`` is, and ``/tmp`` where it is a tmpfs."""
+    with tmpfs(tmp_path / "tmpfs", "512m") as path:
+        yield path
 
 
 def drop_from_memory(path: Path) -> None:

@@ -173,16 +173,17 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
 WITHOUT_CACHESTAT = [sys.executable, str(Path(__file__).with_name("without_cachestat.py"))]
 
 
-def test_without_cachestat_files_are_read_ahead_and_answered_natively(tmp_path: Path, mount) -> None:
+def test_without_cachestat_files_are_read_ahead_and_answered_natively(on_disk: Path, mount) -> None:
     """A kernel before 6.5 (those of most clusters) has no cachestat, which the read-ahead and the
     native request server ask before reading: a seccomp filter takes it away here. The read-ahead
-    then asks with reads that must not wait, and the native server reads on."""
+    then asks with reads that must not wait (on a disk, which takes them), and the native server
+    reads on."""
     probe = "import os; from dlfs.core.libc import cachestat; print(cachestat(os.open('/', os.O_RDONLY), 1))"
     asked = subprocess.run([*WITHOUT_CACHESTAT, sys.executable, "-c", probe], capture_output=True, text=True)
     assert asked.stdout.strip() == "None", asked  # the filter works: no cachestat in what it starts
-    src = _make_classes(tmp_path / "src")
-    dlfs("pack", src, tmp_path / "ds", "--shard-size", "1M")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M", launcher=WITHOUT_CACHESTAT) as mnt:
+    src = _make_classes(on_disk / "src")
+    dlfs("pack", src, on_disk / "ds", "--shard-size", "1M")
+    with mount(on_disk / "ds", "--prefetch-budget", "64M", launcher=WITHOUT_CACHESTAT) as mnt:
         mnt = Path(mnt)
         for path in mnt.rglob("*.JPEG"):
             path.stat()
@@ -192,7 +193,7 @@ def test_without_cachestat_files_are_read_ahead_and_answered_natively(tmp_path: 
         expected = [(src / p.relative_to(mnt)).read_bytes() for p in paths]
         shuffled = random.Random(0).sample([p.relative_to(mnt) for p in paths], len(paths))
     assert data == expected
-    with mount(tmp_path / "ds", "--prefetch-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
+    with mount(on_disk / "ds", "--prefetch-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
         mnt = Path(mnt)
         again = _read_all([mnt / p for p in shuffled])
         native = _stats(mnt)["native"]

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, assert_one_line_error, dlfs, wait_until
+from conftest import DLFS, assert_one_line_error, dlfs, tmpfs, wait_until
 
 from dlfs.core import format as fmt
 from dlfs.core import libc
@@ -284,16 +284,11 @@ def test_a_full_destination_is_one_line_and_leaves_nothing_behind(tmp_path: Path
     src.mkdir()
     for k in range(40):
         (src / f"{k:02d}.bin").write_bytes(os.urandom(100_000))
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", small], check=True, timeout=30)
-    try:
+    with tmpfs(tmp_path / "small", "1m") as small:
         result = dlfs("pack", src, small / "ds", *how, check=False)
         assert_one_line_error(result, "cannot write", "No space left on device")
         assert not (small / "ds" / fmt.INDEX_NAME).exists()
         assert not list((small / "ds").glob("*.shard")), "a failed pack removes its shards"
-    finally:
-        subprocess.run(["umount", "-l", small], check=False, timeout=30)
 
 
 def test_global_flags_are_taken_before_and_after_the_command(odd_tree: Path, tmp_path: Path) -> None:
