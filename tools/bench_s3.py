@@ -119,11 +119,19 @@ def epoch(
     return run, moved
 
 
-def best(counts: list[int], work: Callable[[int], objects.Result]) -> tuple[int, objects.Result, dict]:
-    """The thread count whose run moved the most objects per second, and every run's figure."""
-    tried = {threads: work(threads) for threads in counts}
-    threads = max(tried, key=lambda t: tried[t].objects_per_s)
-    return threads, tried[threads], {t: round(r.objects_per_s) for t, r in tried.items()}
+def best(
+    counts: list[int], work: Callable[[int], objects.Result], processes: dict[str, int] | None = None
+) -> tuple[int, objects.Result, dict, dict[str, float]]:
+    """The thread count whose run moved the most objects per second, every run's figure, and what
+    ``cpu_used`` measured of ``processes`` during that run."""
+    tried: dict[int, tuple[objects.Result, dict[str, float]]] = {}
+    for threads in counts:
+        with cpu_used(processes or {}) as used:
+            result = work(threads)
+        tried[threads] = result, used
+    threads = max(tried, key=lambda t: tried[t][0].objects_per_s)
+    result, used = tried[threads]
+    return threads, result, {t: round(r.objects_per_s) for t, (r, _) in tried.items()}, used
 
 
 def hit_latency(url: str, cache_dir: Path, samples: int, seed: int = 0) -> dict[str, float]:
@@ -204,7 +212,7 @@ def main() -> None:
         for key in keys[: args.probe_files]:
             (probe / key).parent.mkdir(parents=True, exist_ok=True)
             os.link(src / key, probe / key)
-        threads, _, tried = best(
+        threads, _, tried, _ = best(
             args.threads,
             lambda t: objects.upload_objects(objects.s3_store(env, BUCKET, f"probe-{t}"), probe, t),
         )
@@ -212,10 +220,10 @@ def main() -> None:
         with_threads = shape | {"threads": os.getpid()}  # one object per file: this process's pool
         with cpu_used(with_threads) as objects_cpu:
             per_object = objects.upload_objects(per_file, src, threads)
+        children = rusage_cpu(resource.RUSAGE_CHILDREN)
         with cpu_used(shape) as pack_cpu:
-            started, children = time.perf_counter(), rusage_cpu(resource.RUSAGE_CHILDREN)
             subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
-            packed = objects.Result.of(len(keys), total, time.perf_counter() - started)
+        packed = objects.Result.of(len(keys), total, pack_cpu["wall"])
         pack_cpu["pack"] = round(rusage_cpu(resource.RUSAGE_CHILDREN) - children, 2)
         results["upload"] = {
             "objects": per_object.__dict__
@@ -234,17 +242,11 @@ def main() -> None:
             with dlfs_mount(local, mnt, "--log-file", str(log), "--order", mode):
                 orders[mode] = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
         drop_caches()
-        threads, got, tried = best(args.threads, lambda t: objects.get_objects(per_file, orders["full"], t))
-        drop_caches()
-        with cpu_used(with_threads) as get_cpu:  # the best thread count once more, for the CPU it takes
-            again = objects.get_objects(per_file, orders["full"], threads)
+        threads, got, tried, get_cpu = best(
+            args.threads, lambda t: objects.get_objects(per_file, orders["full"], t), with_threads
+        )
         results["epoch"] = {
-            "objects": got.__dict__
-            | {
-                "threads": threads,
-                "tried_objects_per_s": tried,
-                "cpu": get_cpu | {"items_per_s": again.objects_per_s},
-            }
+            "objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried, "cpu": get_cpu}
         }
         say(f"epoch: objects {got.objects_per_s:,.0f}/s ({threads} threads)")
         local_runs = {}
