@@ -12,7 +12,7 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -150,6 +150,21 @@ def _make_classes(root: Path, classes: int = 8, per_class: int = 60, size: int =
     return root
 
 
+def _epoch_read_ahead(
+    dataset: Path, mount, launcher: Sequence[str] = ()
+) -> tuple[list[Path], list[bytes], dict]:
+    """Mount ``dataset``, let the read-ahead fetch epoch 0 and read it, checked (``_read_checked``).
+    Returns the files in the order read (relative to the mount), their bytes and the stats after."""
+    with mount(dataset, "--prefetch-budget", "64M", launcher=launcher) as mnt:
+        mnt = Path(mnt)
+        for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
+            path.stat()
+        paths = _published(mnt, "epoch-0")
+        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
+        data, _, after = _read_checked(mnt, paths, len(paths))
+    return [path.relative_to(mnt) for path in paths], data, after
+
+
 @pytest.mark.parametrize("filesystem", ["on_disk", "in_tmpfs"])
 def test_reads_in_published_order_are_served_from_the_page_cache(
     filesystem: str, request: pytest.FixtureRequest, mount
@@ -158,14 +173,8 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
     root: Path = request.getfixturevalue(filesystem)
     src = _make_classes(root / "src")
     dlfs("pack", src, root / "ds", "--shard-size", "1M")
-    with mount(root / "ds", "--prefetch-budget", "64M") as mnt:
-        mnt = Path(mnt)
-        for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
-            path.stat()
-        paths = _published(mnt, "epoch-0")
-        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
-        data, _, after = _read_checked(mnt, paths, len(paths))
-    assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+    paths, data, after = _epoch_read_ahead(root / "ds", mount)
+    assert data == [(src / path).read_bytes() for path in paths]
     prefetch = after["prefetch"]
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
@@ -183,16 +192,9 @@ def test_without_cachestat_files_are_read_ahead_and_answered_natively(on_disk: P
     assert asked.stdout.strip() == "None", asked  # the filter works: no cachestat in what it starts
     src = _make_classes(on_disk / "src")
     dlfs("pack", src, on_disk / "ds", "--shard-size", "1M")
-    with mount(on_disk / "ds", "--prefetch-budget", "64M", launcher=WITHOUT_CACHESTAT) as mnt:
-        mnt = Path(mnt)
-        for path in mnt.rglob("*.JPEG"):
-            path.stat()
-        paths = _published(mnt, "epoch-0")
-        assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30), "the read-ahead never fetched the epoch"
-        data, _, _ = _read_checked(mnt, paths, len(paths))
-        expected = [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-        shuffled = random.Random(0).sample([p.relative_to(mnt) for p in paths], len(paths))
-    assert data == expected
+    paths, data, _ = _epoch_read_ahead(on_disk / "ds", mount, launcher=WITHOUT_CACHESTAT)
+    assert data == [(src / path).read_bytes() for path in paths]
+    shuffled = random.Random(0).sample(paths, len(paths))
     with mount(on_disk / "ds", "--prefetch-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
         mnt = Path(mnt)
         again = _read_all([mnt / p for p in shuffled])
