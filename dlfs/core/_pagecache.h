@@ -1,7 +1,8 @@
 /* Shard reads through the page cache, and the question whether they would wait for storage (which
  * starts no I/O), shared by the C loops of the read-ahead (dlfs/readahead/_push.c) and of the
  * native request server (dlfs/fuse/_server.c); the Python side of that question is
- * dlfs/core/libc.py's in_memory, and of the read dlfs/core/store/local.py's _read_in_memory. Include after defining _GNU_SOURCE (preadv2, RWF_NOWAIT).
+ * dlfs/core/libc.py's in_memory, and of the read dlfs/core/store/local.py's _read_in_memory.
+ * Include after defining _GNU_SOURCE (preadv2, RWF_NOWAIT).
  */
 #ifndef DLFS_PAGECACHE_H
 #define DLFS_PAGECACHE_H

@@ -130,7 +130,6 @@ class S3Store:
         self._pool = ThreadPoolExecutor(AHEAD_THREADS, thread_name_prefix="dlfs-s3-ahead")
         settings = _aws_settings(options, self.url)
         self.endpoint, self._session = settings.endpoint, settings.session
-        credentials = self._session.get_credentials()
         config: dict[str, Any] = {"region": settings.region}
         if not AWS_HOST.search(urlparse(self.endpoint).hostname or ""):
             config["endpoint"] = self.endpoint  # AWS itself: obstore builds the regional endpoint
@@ -158,7 +157,7 @@ class S3Store:
                         "base": 2,
                     },
                 },
-                credential_provider=_Credentials(credentials),
+                credential_provider=_Credentials(settings.credentials),
             )
         except obstore.exceptions.BaseError as exc:  # the client refused its settings
             raise StoreError(_setup_error(exc, self.url, settings.ca_bundle)) from None
@@ -389,6 +388,7 @@ class _AwsSettings(NamedTuple):
     endpoint: str
     region: str
     session: Any  # a boto3 Session, whose type is made at runtime
+    credentials: Any  # botocore's, which renew themselves
     #: A PEM file of CA certificates to trust beside the system's (None: the system's alone).
     ca_bundle: str | None
 
@@ -413,7 +413,7 @@ def _aws_settings(options: StoreOptions, url: str) -> _AwsSettings:
             f"no AWS credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "or AWS_PROFILE with ~/.aws/credentials"
         )
-    return _AwsSettings(endpoint.rstrip("/"), region, session, ca_bundle)
+    return _AwsSettings(endpoint.rstrip("/"), region, session, credentials, ca_bundle)
 
 
 def _setup_error(exc: Exception, url: str, ca_bundle: str | None) -> str:
