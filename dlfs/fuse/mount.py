@@ -16,12 +16,12 @@ import re
 import select
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfs.core.errors import MountError
+from dlfs.core.interpreter import module_command
 from dlfs.core.store.interface import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def spawn(
     log_file = Path(options.log_file) if options.log_file else default_log_file(mnt)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "dlfs.cli", *argv, "--foreground", "--ready-fd", str(write_end)]
+    command = module_command("dlfs.cli", *argv, "--foreground", "--ready-fd", str(write_end))
     try:
         with open(log_file, "ab") as log_out:
             child = subprocess.Popen(
