@@ -36,6 +36,7 @@ FSTYPE = "fuse.dlfs"
 STALE = "Transport endpoint is not connected"
 #: fusermount3's configuration: a user other than root may pass allow_other only when it says so.
 FUSE_CONF = Path("/etc/fuse.conf")
+FUSE_DEVICE = Path("/dev/fuse")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,25 @@ def is_stale(mnt: str | os.PathLike[str]) -> bool:
     return False
 
 
+def check_fuse_device(device: Path = FUSE_DEVICE) -> None:
+    """Can this process open the FUSE device? libfuse opens it before mounting, for every user,
+    and reports a refusal only in the daemon's log; here it is one line on the terminal."""
+    try:
+        os.close(os.open(device, os.O_RDWR | os.O_CLOEXEC))
+    except FileNotFoundError:
+        raise MountError(
+            f"{device} is missing; load the fuse module (modprobe fuse) or run where FUSE works"
+        ) from None
+    except OSError as exc:
+        raise MountError(
+            f"cannot open {device}: {exc.strerror}; a user other than root needs read and write access "
+            f"to it: ask an administrator to allow it (chmod 0666 {device}, as Debian sets it), or mount "
+            "as root"
+        ) from None
+
+
 def check_mountpoint(mnt: Path) -> None:
-    if not Path("/dev/fuse").exists():
-        raise MountError("/dev/fuse is missing; load the fuse module (modprobe fuse) or run where FUSE works")
+    check_fuse_device()
     # First, from /proc: a FUSE mount whose daemon died answers anything else with ENOTCONN.
     fstype = mounted_fstype(mnt)
     if fstype == FSTYPE and is_stale(mnt):  # nothing is lost by taking it over: its daemon is gone

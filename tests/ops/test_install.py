@@ -193,6 +193,22 @@ def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: 
     assert not marker.exists()
 
 
+def test_a_user_who_cannot_open_dev_fuse_is_told_why_and_what_to_do(node: Path, user_dir: Path) -> None:
+    """libfuse's own reason reaches only the daemon's log; the terminal gets it in one line."""
+    dlfs = node / "bin" / "dlfs"
+    dataset, mnt = user_dir / "dataset", user_dir / "mnt"
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
+    mode = os.stat("/dev/fuse").st_mode
+    os.chmod("/dev/fuse", 0o600)
+    try:
+        result = as_user(dlfs, "mount", dataset, mnt, "--log-file", user_dir / "log", check=False)
+    finally:
+        os.chmod("/dev/fuse", mode)
+        force_unmount(mnt)
+    assert_one_line_error(result, "cannot open /dev/fuse: Permission denied", "chmod 0666 /dev/fuse")
+
+
 def test_allow_other_as_an_ordinary_user_names_user_allow_other(node: Path, user_dir: Path) -> None:
     lines = FUSE_CONF.read_text().splitlines() if FUSE_CONF.exists() else []
     if "user_allow_other" in (line.strip() for line in lines):
