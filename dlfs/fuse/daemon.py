@@ -238,7 +238,11 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     if isinstance(store.inner if isinstance(store, CachedStore) else store, S3Store):
         buffer *= 2  # a batch's hinted GETs land beside its buffer
     fitted = memory.fit(
-        options.cache_size, options.prefetch_budget, options.prefetch_inflight, buffer, memory.available()
+        options.cache_size,
+        options.prefetch_budget,
+        options.prefetch_inflight,
+        buffer,
+        memory.available(options.memory_limit),
     )
     if fitted.note is None:
         return options, []
