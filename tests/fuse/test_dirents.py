@@ -52,7 +52,7 @@ BLKSIZE = (4096, 1 << 20)
 
 def _encoder(index: Index, native: bool) -> dirents.Encoder:
     encoder = dirents.Encoder(index, 1, 3600.0, BLKSIZE, dirents.LIBRARY if native else None)
-    assert encoder.native == native, "make install builds dlfs/_dirents.so"
+    assert encoder.native == native, "make install builds dlfs/fuse/_dirents.so"
     return encoder
 
 
