@@ -15,25 +15,13 @@ const uint32_t dlfs_index_format = DLFS_INDEX_FORMAT;
 /* The layouts of the structs dlfs/fuse/dirents.py mirrors with ctypes, which it compares before it
  * uses this library: how many fields, the size, then each field's offset in declaration order. */
 const uint64_t dlfs_columns_layout[] = {
-    8,
-    sizeof(struct columns),
-    offsetof(struct columns, name_off),
-    offsetof(struct columns, names),
-    offsetof(struct columns, mode),
-    offsetof(struct columns, owner),
-    offsetof(struct columns, owners),
-    offsetof(struct columns, size),
-    offsetof(struct columns, stored),
-    offsetof(struct columns, mtime),
+    8, sizeof(struct columns), offsetof(struct columns, name_off), offsetof(struct columns, names),
+    offsetof(struct columns, mode), offsetof(struct columns, owner), offsetof(struct columns, owners),
+    offsetof(struct columns, size), offsetof(struct columns, stored), offsetof(struct columns, mtime)
 };
 const uint64_t dlfs_reply_layout[] = {
-    5,
-    sizeof(struct reply),
-    offsetof(struct reply, inode_base),
-    offsetof(struct reply, valid),
-    offsetof(struct reply, valid_nsec),
-    offsetof(struct reply, file_blksize),
-    offsetof(struct reply, dir_blksize),
+    5, sizeof(struct reply), offsetof(struct reply, inode_base), offsetof(struct reply, valid),
+    offsetof(struct reply, valid_nsec), offsetof(struct reply, file_blksize), offsetof(struct reply, dir_blksize)
 };
 
 /* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as

@@ -37,37 +37,18 @@
 /* The layouts of the structs dlfs/fuse/server.py mirrors with ctypes, which it compares before it
  * uses this library: how many fields, the size, then each field's offset in declaration order. */
 const uint64_t dlfs_dataset_layout[] = {
-    18,
-    sizeof(struct dataset),
-    offsetof(struct dataset, c),
-    offsetof(struct dataset, r),
-    offsetof(struct dataset, parent),
-    offsetof(struct dataset, shard),
-    offsetof(struct dataset, offset),
-    offsetof(struct dataset, checksum),
-    offsetof(struct dataset, flags),
-    offsetof(struct dataset, shard_fds),
-    offsetof(struct dataset, count),
-    offsetof(struct dataset, statfs_blocks),
-    offsetof(struct dataset, statfs_bsize),
-    offsetof(struct dataset, control_name),
-    offsetof(struct dataset, region),
-    offsetof(struct dataset, wanted),
-    offsetof(struct dataset, readdirplus_auto),
-    offsetof(struct dataset, run_parent),
-    offsetof(struct dataset, run_start),
-    offsetof(struct dataset, runs),
+    18, sizeof(struct dataset), offsetof(struct dataset, c), offsetof(struct dataset, r),
+    offsetof(struct dataset, parent), offsetof(struct dataset, shard), offsetof(struct dataset, offset),
+    offsetof(struct dataset, checksum), offsetof(struct dataset, flags), offsetof(struct dataset, shard_fds),
+    offsetof(struct dataset, count), offsetof(struct dataset, statfs_blocks),
+    offsetof(struct dataset, statfs_bsize), offsetof(struct dataset, control_name),
+    offsetof(struct dataset, region), offsetof(struct dataset, wanted), offsetof(struct dataset, readdirplus_auto),
+    offsetof(struct dataset, run_parent), offsetof(struct dataset, run_start), offsetof(struct dataset, runs)
 };
 const uint64_t dlfs_counts_layout[] = {
-    7,
-    sizeof(struct counts),
-    offsetof(struct counts, answered),
-    offsetof(struct counts, cpu_ns),
-    offsetof(struct counts, forwarded),
-    offsetof(struct counts, read_bytes),
-    offsetof(struct counts, regions),
-    offsetof(struct counts, read_latency),
-    offsetof(struct counts, read_ns),
+    7, sizeof(struct counts), offsetof(struct counts, answered), offsetof(struct counts, cpu_ns),
+    offsetof(struct counts, forwarded), offsetof(struct counts, read_bytes), offsetof(struct counts, regions),
+    offsetof(struct counts, read_latency), offsetof(struct counts, read_ns)
 };
 
 void reply(int fd, uint64_t unique, int error, const void *data, size_t size) {
