@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # (in place for `pip install -e`, into the wheel otherwise), and the rule below again after an edit.
 NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
 NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
-	dlfs/fuse/_server.c dlfs/core/_pagecache.h
+	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h
 
 # As root, also the system's places for dlfs (README, Operations): /usr/local/bin/dlfs, the mount
 # helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this checkout's venv.
