@@ -93,6 +93,8 @@ class Archive:
                     if item is None:
                         break
                     member, data = item
+                    if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+                        ledger.symlinks.add(member.path)
                     try:
                         if member.problem:
                             raise Refused(member.problem)
@@ -106,10 +108,10 @@ class Archive:
                         assert data is not None
                         writer.add_file(member, data, self.kind == "zip")
                     else:
-                        if member.kind == stat.S_IFLNK:
-                            ledger.symlinks.add(member.path)
                         writer.add(member, None)
             writer.finish_pending()
+            with reading(self.name, self.kind):
+                self.stream.drain()
         return rows.build(ledger, spill, options, summary)
 
 

@@ -25,6 +25,8 @@ from dlfs.core.errors import PackError
 
 #: Bytes sniffed: a tar header's magic sits at 257.
 SNIFF = 512
+#: Bytes read at a time past the end of a tar.
+DRAIN_CHUNK = 1 << 20
 #: Kinds by their first bytes.
 MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -178,6 +180,13 @@ class ArchiveStream:
         except BaseException:
             self.close()
             raise
+
+    def drain(self) -> None:
+        """Read a tar's stream to its end: a compressed stream's checksum comes last, after the
+        padding that follows tar's end-of-archive marker."""
+        if self.kind != "zip":
+            while self.stream.read(DRAIN_CHUNK):
+                pass
 
     def close(self) -> None:
         if self.file is not None:

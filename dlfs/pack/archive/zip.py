@@ -30,6 +30,8 @@ EXPANSION_MAX = 1032
 LOCAL_HEADER = struct.Struct("<4s22xHH")
 #: Info-ZIP's extended timestamp extra field.
 EXTENDED_TIME = 0x5455
+#: The flag of a member whose name is UTF-8.
+UTF8_NAME = 0x800
 #: ``create_system`` of a zip written on Unix, whose ``external_attr`` holds a mode.
 UNIX = 3
 
@@ -129,7 +131,9 @@ def _member(info: zipfile.ZipInfo, file: BinaryIO, uid: int, gid: int) -> Member
         offset=_data_offset(info, file),
         contiguous=info.compress_type == zipfile.ZIP_STORED,
     )
-    raw = info.filename.encode("utf-8", "surrogateescape")
+    # The name's own bytes, as ``unzip`` names the file: UTF-8 where the zip flags it so, else
+    # whatever the writer's system used (``zipfile`` read them as cp437, which maps every byte).
+    raw = info.filename.encode("utf-8" if info.flag_bits & UTF8_NAME else "cp437", "surrogateescape")
     try:
         member.path = members.normalize(raw)
         if not member.path and kind != stat.S_IFDIR:
