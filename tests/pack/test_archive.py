@@ -18,6 +18,9 @@ import pytest
 from conftest import SMALL_SHARD, TOOLS, assert_one_line_error, dlfs, make_odd_tree, mounted, set_times, tool
 
 from dlfs.core import format as fmt
+from dlfs.pack.archive.members import Member
+from dlfs.pack.archive.streams import Counted
+from dlfs.pack.archive.tar import tar_members
 
 #: How each archive kind is written from a tree (``{src}``: the tree, ``{out}``: the archive).
 WRITERS = {
@@ -409,3 +412,64 @@ def test_expand_tars_on_a_directory_is_refused(tmp_path: Path) -> None:
     assert_one_line_error(
         dlfs("pack", tmp_path / "src", tmp_path / "dst", "--expand-tars", check=False), "archives"
     )
+
+
+# The reader: offsets, contiguity, large sizes -------------------------------------------------
+
+
+def read_members(raw: bytes, expand: bool = False) -> list[tuple[Member, bytes | None]]:
+    """Every member ``tar_members`` yields for ``raw``, with its bytes."""
+    stream = Counted(io.BytesIO(raw))  # type: ignore[arg-type]
+    return [(m, data.read() if data else None) for m, data in tar_members(stream, "test.tar", expand)]
+
+
+def test_every_member_records_where_its_bytes_lie_in_the_archive_nested_or_not(tmp_path: Path) -> None:
+    inner = tar_bytes([("a.JPEG", b"A" * 700), ("b.JPEG", b"B" * 3)])
+    raw = tar_bytes([("x" * 150 + ".txt", b"long name"), ("n01.tar", inner)])
+    got = read_members(raw, expand=True)
+    files = [(m.path, data) for m, data in got if m.kind == stat.S_IFREG]
+    assert files == [
+        (b"x" * 150 + b".txt", b"long name"),
+        (b"n01/a.JPEG", b"A" * 700),
+        (b"n01/b.JPEG", b"B" * 3),
+    ]
+    for member, data in got:
+        if member.kind == stat.S_IFREG:
+            assert member.contiguous and raw[member.offset : member.offset + member.size] == data
+
+
+def test_a_gnu_sparse_member_is_read_whole_and_marked_not_contiguous(tmp_path: Path) -> None:
+    sparse = tmp_path / "src" / "sparse.bin"
+    sparse.parent.mkdir()
+    with open(sparse, "wb") as f:
+        f.seek(1 << 20)
+        f.write(b"end")
+    archive = tmp_path / "sparse.tar"
+    subprocess.run(
+        ["tar", "--format=gnu", "-S", "-cf", archive, "-C", sparse.parent, "."], check=True, timeout=60
+    )
+    [(member, data)] = [(m, d) for m, d in read_members(archive.read_bytes()) if m.kind == stat.S_IFREG]
+    assert data == sparse.read_bytes() and not member.contiguous
+    pack_and_compare(tmp_path, archive)
+
+
+@pytest.mark.parametrize("form", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_a_member_past_8_gib_is_read_with_its_size(form: int) -> None:
+    """GNU tar writes such a size in base-256, pax in a record; the header alone, cut short."""
+    info = tarfile.TarInfo("big.bin")
+    info.size = 9 << 30
+    stream = Counted(io.BytesIO(info.tobuf(form)))  # type: ignore[arg-type]
+    member, data = next(tar_members(stream, "big.tar", False))
+    assert member.size == 9 << 30 and data is not None
+    with pytest.raises(tarfile.ReadError, match="unexpected end of data"):
+        data.read(100)
+
+
+def test_pax_mtimes_are_kept_to_the_nanosecond() -> None:
+    info = tarfile.TarInfo("f")
+    info.pax_headers = {"mtime": "1600000000.123456789"}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
+        out.addfile(info, io.BytesIO(b""))
+    [(member, _)] = read_members(buffer.getvalue())
+    assert member.mtime_ns == 1_600_000_000_123_456_789
