@@ -85,6 +85,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         sync=args.sync,
         store=_store_options(args),
         transform=parse_transform(args.transform) if args.transform else None,
+        expand_tars=args.expand_tars,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -105,6 +106,10 @@ def _cmd_pack(args: argparse.Namespace) -> int:
             f"transform {summary.transform} ({summary.codec}): {summary.transformed_files} files changed, "
             f"{_human(summary.source_bytes)} of source files stored in {_human(summary.bytes)}"
             + (f", stored unchanged: {kept}" if kept else "")
+        )
+    if summary.duplicates:
+        print(
+            f"{summary.duplicates} archive members replaced by a later one at the same path (as tar x does)"
         )
     if summary.skipped_special or summary.skipped_errors:
         print(
@@ -478,8 +483,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="the version, and what this dlfs runs with")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("pack", parents=[common], help="pack a directory tree into shards + index")
-    p.add_argument("src", help="the directory tree to pack")
+    p = sub.add_parser(
+        "pack", parents=[common], help="pack a directory tree or an archive into shards + index"
+    )
+    p.add_argument(
+        "src",
+        help="what to pack: a directory tree; or an archive, read in one pass and never extracted: a tar "
+        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input",
+    )
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument(
         "--shard-size", type=parse_size, default="1G", help="target shard size, at most 4G (default 1G)"
@@ -513,6 +524,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sync",
         action="store_false",
         help="do not wait for the disk before publishing (like tar or cp): for scratch copies",
+    )
+    p.add_argument(
+        "--expand-tars",
+        action="store_true",
+        help="an archive's members named NAME.tar, at any depth, become folders NAME of their members "
+        "(ImageNet's train tar of class tars packs into class folders)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _store_flags(p)

@@ -41,6 +41,8 @@ class PackOptions:
     store: StoreOptions = field(default_factory=StoreOptions)
     #: Bytes stored in place of each file's (``dlfs pack --transform``); None stores them as they are.
     transform: Transform | None = None
+    #: An archive's members named ``NAME.tar`` become folders ``NAME`` of their own members.
+    expand_tars: bool = False
 
 
 @dataclass
@@ -58,6 +60,8 @@ class PackSummary:
     skipped_special: int = 0
     skipped_errors: int = 0
     skipped_paths: list[str] = field(default_factory=list)
+    #: Archive members at a path a later member took (the last is kept, as ``tar x`` keeps it).
+    duplicates: int = 0
     #: ``--transform``'s spec and codec ("" without one), the files it changed, and per reason
     #: (``images.Kept``) the files it stored unchanged.
     transform: str = ""

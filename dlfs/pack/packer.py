@@ -29,6 +29,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import LocalStore, Store, is_s3, open_store
 from dlfs.pack import images
+from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
@@ -51,52 +52,62 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
-    if not src_path.exists():
+    if os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
-    if not src_path.is_dir():
-        raise PackError(f"source {src} is not a directory")
     started = time.monotonic()
-    if is_s3(dst):
-        summary = _pack_to_bucket(src_path, str(dst), options)
-    else:
-        summary = _pack_to_directory(src_path, Path(dst), options)
+    archive = None if src_path.is_dir() else Archive(os.fspath(src))
+    if archive is None and options.expand_tars:
+        raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
+    try:
+        if is_s3(dst):
+            summary = _pack_to_bucket(src_path, archive, str(dst), options)
+        else:
+            summary = _pack_to_directory(src_path, archive, Path(dst), options)
+    finally:
+        if archive is not None:
+            archive.close()
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _pack_to_directory(src: Path, dst: Path, options: PackOptions) -> PackSummary:
+def _pack_to_directory(src: Path, archive: Archive | None, dst: Path, options: PackOptions) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
     old_id = check_destination(src, dst, store, options)
     try:
         with locked(dst):
-            return _replace(src, store, old_id, dst, options)
+            return _replace(src, archive, store, old_id, dst, options)
     finally:
         store.close()
 
 
-def _pack_to_bucket(src: Path, dst: str, options: PackOptions) -> PackSummary:
+def _pack_to_bucket(src: Path, archive: Archive | None, dst: str, options: PackOptions) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
     once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
     store = open_store(dst, options=options.store)
     try:
         return _replace(
-            src, store, replaced_dataset(store, options, "prefix"), Path(tempfile.gettempdir()), options
+            src,
+            archive,
+            store,
+            replaced_dataset(store, options, "prefix"),
+            Path(tempfile.gettempdir()),
+            options,
         )
     finally:
         store.close()
 
 
 def _replace(
-    src: Path, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
+    src: Path, archive: Archive | None, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
 ) -> PackSummary:
-    """Pack into ``store`` in place of dataset ``old_id``, removing what earlier runs left, with
-    its column files in a ``Spill`` under ``spill_in``."""
+    """Pack the tree ``src``, or ``archive``, into ``store`` in place of dataset ``old_id``,
+    removing what earlier runs left, with its column files in a ``Spill`` under ``spill_in``."""
     remove_leftovers(store, old_id)
     remove_stale(spill_in)
     spill = _spill(spill_in)
     try:
-        summary = _pack_locked(os.fsencode(src), store, spill, options)
+        summary = _pack_locked(os.fsencode(src), archive, store, spill, options)
     finally:
         spill.close()
     if old_id:
@@ -185,20 +196,28 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             ) from None
 
 
-def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -> PackSummary:
+def _pack_locked(
+    src: bytes, archive: Archive | None, store: Store, spill: Spill, options: PackOptions
+) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
-    # no transform).
-    in_place = store.writes_in_place and not options.compress and options.transform is None
+    # no transform, not an archive).
+    in_place = (
+        archive is None and store.writes_in_place and not options.compress and options.transform is None
+    )
     shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
     with (
         ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
-            tree = walk(src, spill, options, summary, pool)
-            placed = Placed(tree, spill)
-            _write_payloads(transforms or pool, tree, placed, shards, options, summary)
+            if archive is None:
+                tree = walk(src, spill, options, summary, pool)
+                placed = Placed(tree, spill)
+                _write_payloads(transforms or pool, tree, placed, shards, options, summary)
+            else:
+                assert isinstance(shards, InOrderShards)
+                tree, placed = archive.pack(shards, spill, options, summary, transforms or pool)
             shard_list = shards.finish()
             rows = IndexRows(tree, placed)
             meta = {
@@ -206,7 +225,8 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
                 "created_ns": time.time_ns(),
                 "dlfs_version": __version__,
                 "build": {
-                    "source": os.fsdecode(src),
+                    "source": os.fsdecode(src) if archive is None else archive.name,
+                    "source_kind": "directory" if archive is None else archive.kind,
                     "shard_size": options.shard_size,
                     "compress": "lz4" if options.compress else "none",
                     "order": options.order,

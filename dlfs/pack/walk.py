@@ -75,31 +75,37 @@ class Tree:
         return self.count
 
     def add(self, parent: int, name: bytes, st: os.stat_result) -> int:
+        return self.add_row(parent, name, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns)
+
+    def add_row(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, size: int, mtime_ns: int
+    ) -> int:
+        """Append a row; its number."""
         row = self.count
         rows = self._rows
         rows["parent"].append(parent)
         self._names += name
         rows["name_end"].append(self._names_length + len(self._names))
-        rows["mode"].append(st.st_mode)
-        owner = self.owners.get((st.st_uid, st.st_gid))
-        rows["owner"].append(self._new_owner(st) if owner is None else owner)
-        rows["size"].append(st.st_size)
-        rows["mtime"].append(st.st_mtime_ns)
-        if stat.S_ISREG(st.st_mode):
+        rows["mode"].append(mode)
+        owner = self.owners.get((uid, gid))
+        rows["owner"].append(self._new_owner(uid, gid) if owner is None else owner)
+        rows["size"].append(size)
+        rows["mtime"].append(mtime_ns)
+        if stat.S_ISREG(mode):
             self._files.append(row)
-            self.file_bytes += st.st_size
+            self.file_bytes += size
         self.count += 1
         if len(rows["parent"]) >= FLUSH_ROWS:
             self.flush()
         return row
 
-    def _new_owner(self, st: os.stat_result) -> int:
+    def _new_owner(self, uid: int, gid: int) -> int:
         if len(self.owners) == fmt.OWNERS_MAX:
             raise PackError(
                 f"the source tree has more than {fmt.OWNERS_MAX:,} distinct (uid, gid) owners, more than "
                 "one index holds; pack its folders as separate datasets"
             )
-        owner = self.owners[st.st_uid, st.st_gid] = len(self.owners)
+        owner = self.owners[uid, gid] = len(self.owners)
         return owner
 
     def add_link(self, row: int, target: bytes) -> None:

@@ -1,0 +1,196 @@
+"""An archive's bytes as one sequential stream: the source file or standard input, its kind told
+by its first bytes (never its name), compressed kinds decompressed on the fly.
+
+Every failure to read or decompress the source becomes a ``PackError`` that names the source and
+the kind (``reading``): a corrupt gzip stream or a cut download says so in one line.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import sys
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+import zstandard
+
+from dlfs.core.errors import PackError
+
+#: Bytes sniffed: a tar header's magic sits at 257.
+SNIFF = 512
+#: Bytes read at a time past the end of a tar.
+DRAIN_CHUNK = 1 << 20
+#: Kinds by their first bytes.
+MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+    b"PK\x05\x06": "zip",
+}
+#: What a decompressor or a reader raises on bytes that are not what they claim.
+CORRUPT = (
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    zstandard.ZstdError,
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    ValueError,
+    UnicodeError,
+    OverflowError,
+)
+
+
+class Counted(io.RawIOBase):
+    """A stream that counts the bytes it hands out, and knows whether it reached the end: how a
+    tar that ends without its end-of-archive marker is told from one that has it."""
+
+    def __init__(self, inner: BinaryIO, prefix: bytes = b"") -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        if self.prefix:
+            got = min(len(self.prefix), len(view))
+            view[:got] = self.prefix[:got]
+            self.prefix = self.prefix[got:]
+        else:
+            data = self.inner.read(len(view))
+            got = len(data)
+            view[:got] = data
+        self.position += got
+        return got
+
+
+def _read_exactly(stream: BinaryIO, count: int) -> bytes:
+    chunks = []
+    while count > 0:
+        chunk = stream.read(count)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def sniff(head: bytes) -> str:
+    """The kind of an archive from its first bytes: one of MAGIC's, or ``tar``; "" if neither."""
+    for magic, kind in MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    if len(head) >= SNIFF and (_is_tar_header(head[:SNIFF]) or not head[:SNIFF].strip(b"\0")):
+        return "tar"  # a header, or the end-of-archive marker of an empty tar
+    return ""
+
+
+def _is_tar_header(block: bytes) -> bool:
+    """A ustar, GNU or old (v7) header: its checksum field matches its bytes."""
+    try:
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
+
+
+def _decompressed(kind: str, raw: BinaryIO) -> BinaryIO:
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if kind == "bzip2":
+        return bz2.BZ2File(raw)  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.LZMAFile(raw)  # type: ignore[return-value]
+    if kind == "zstd":
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+    return raw
+
+
+@contextmanager
+def reading(source: str, kind: str) -> Iterator[None]:
+    """Turn a failure to read or decode the source into one line that says what to do."""
+    try:
+        yield
+    except CORRUPT as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise PackError(
+            f"cannot read {source} as {kind}: {detail}; the archive is damaged or cut short "
+            "(download it again)"
+        ) from None
+
+
+class ArchiveStream:
+    """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
+    bytes as a ``Counted`` stream; a zip is read by path (its directory is at its end)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.file: BinaryIO | None = None
+        if source == "-":
+            raw: BinaryIO = sys.stdin.buffer
+            self.name = "standard input"
+        else:
+            try:
+                raw = self.file = open(source, "rb")  # closed by close()
+            except OSError as exc:
+                raise PackError(f"cannot open {source}: {exc.strerror}") from None
+            self.name = source
+        try:
+            head = _read_exactly(raw, SNIFF)
+            compression = sniff(head)
+            if compression == "zip":
+                if self.file is None:
+                    raise PackError(
+                        "a zip cannot be read from standard input (its directory is at its end); "
+                        "save it to a file and pack that"
+                    )
+                self.kind = "zip"
+                self.stream = Counted(raw)
+                return
+            if not compression:
+                raise PackError(
+                    f"{self.name} is neither a directory nor an archive dlfs reads "
+                    "(tar, tar.gz, tar.zst, tar.xz, tar.bz2, zip)"
+                )
+            self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
+            inner = _decompressed(compression, Counted(raw, head))  # type: ignore[arg-type]
+            if compression != "tar":
+                with reading(self.name, self.kind):
+                    first = _read_exactly(inner, SNIFF)
+                if sniff(first) != "tar":
+                    raise PackError(
+                        f"{self.name} is {compression}-compressed but holds no tar; unpack it first"
+                    )
+                self.stream = Counted(inner, first)
+            else:
+                self.stream = Counted(inner)
+        except BaseException:
+            self.close()
+            raise
+
+    def drain(self) -> None:
+        """Read a tar's stream to its end: a compressed stream's checksum comes last, after the
+        padding that follows tar's end-of-archive marker."""
+        if self.kind != "zip":
+            while self.stream.read(DRAIN_CHUNK):
+                pass
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+_SUFFIX = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zstd": "zst"}
