@@ -21,12 +21,20 @@ Shard file (``<dataset-id>.<NNNNN>.shard``)::
     64  payloads raw or lz4-block-compressed file bytes, back to back
 
 The index is written last and renamed into place, so a dataset without an index is unfinished.
+
+An in-place dataset (``dlfs pack --in-place``) has no shard files: its metadata lists the tar files
+it was indexed from (``archives``: absolute path, size, mtime) and its shards are windows of them
+(``windows``: archive number and base offset, one per shard entry, named
+``<dataset-id>.<NNNNN>.window``). A row's ``offset`` is relative to its window's base, so the
+32-bit column addresses archives of any size; a window holds no header, and the archive's identity
+takes the place of the shard header's check.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import uuid
 from collections.abc import Iterable, Mapping
@@ -49,6 +57,9 @@ TRAILER = struct.Struct("<Q")
 INDEX_HEADER = struct.Struct("<8sIIQQQ")
 SHARD_HEADER = struct.Struct("<8sII16s")
 SHARD_SUFFIX = ".shard"
+WINDOW_SUFFIX = ".window"
+#: Longest archive path an in-place index may name, in bytes (Linux's PATH_MAX less its NUL).
+ARCHIVE_PATH_MAX = 4095
 
 FLAG_LZ4 = 1
 #: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
@@ -119,6 +130,11 @@ def new_dataset_id() -> str:
 def shard_name(dataset_id: str, shard_no: int) -> str:
     """Shard names carry the dataset id so a re-pack never overwrites shards a live index uses."""
     return f"{dataset_id}.{shard_no:05d}{SHARD_SUFFIX}"
+
+
+def window_name(dataset_id: str, window_no: int) -> str:
+    """The name an in-place dataset's shard entry (a window of an archive) goes by."""
+    return f"{dataset_id}.{window_no:05d}{WINDOW_SUFFIX}"
 
 
 def shard_header(dataset_id: str, shard_no: int) -> bytes:
@@ -302,18 +318,69 @@ def _check_meta(meta: object, source: str) -> None:
     shards = meta.get("shards")
     if not isinstance(shards, list):
         raise invalid_index(source, "no shard list")
+    in_place = "archives" in meta or "windows" in meta
+    named, smallest = (window_name, 0) if in_place else (shard_name, HEADER_SIZE)
     for number, entry in enumerate(shards):
         if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[1])):
             raise invalid_index(source, f"shard entry {number} is malformed")
         name, size = entry
-        if name != shard_name(dataset_id, number):
-            raise invalid_index(source, f"shard entry {number} is not named {shard_name(dataset_id, number)}")
-        if not HEADER_SIZE <= size < 1 << 63:
+        if name != named(dataset_id, number):
+            raise invalid_index(source, f"shard entry {number} is not named {named(dataset_id, number)}")
+        if not smallest <= size < 1 << 63:
             raise invalid_index(source, f"shard {name} has an impossible size {size}")
+    if in_place:
+        _check_windows(meta, source)
     for key, valid in _OPTIONAL_META.items():
         if key in meta and not valid(meta[key]):
             raise invalid_index(source, f"metadata field {key} is malformed")
 
+
+def is_archive_path(path: object) -> bool:
+    """An archive path an in-place index may name: absolute and normalised (no ``.``, ``..``,
+    empty or doubled components, no trailing slash), without NUL, at most ``ARCHIVE_PATH_MAX``
+    bytes. That it names a regular file is checked when it is opened (``store.archives``)."""
+    if not isinstance(path, str) or not path.startswith("/") or path.startswith("//"):
+        return False
+    try:
+        raw = os.fsencode(path)
+    except UnicodeEncodeError:
+        return False
+    return b"\0" not in raw and len(raw) <= ARCHIVE_PATH_MAX and os.path.normpath(path) == path
+
+
+def _check_windows(meta: dict[str, Any], source: str) -> None:
+    """An in-place index's archives are identities (path, size, mtime) whose paths pass
+    ``is_archive_path``, each named once; each shard entry has a window (archive number, base)
+    that lies inside its archive."""
+    archives, windows = meta.get("archives"), meta.get("windows")
+    if not isinstance(archives, list) or not isinstance(windows, list) or len(windows) != len(meta["shards"]):
+        raise invalid_index(source, "its archive and window tables do not match its shard list")
+    for number, archive in enumerate(archives):
+        if not (
+            isinstance(archive, dict)
+            and set(archive) == ARCHIVE_KEYS
+            and is_archive_path(archive["path"])
+            and _is_int(archive["size"])
+            and 0 <= archive["size"] < 1 << 63
+            and _is_int(archive["mtime_ns"])
+            and -(1 << 63) <= archive["mtime_ns"] < 1 << 63
+        ):
+            raise invalid_index(source, f"archive entry {number} is malformed or names a path not allowed")
+    if len({archive["path"] for archive in archives}) != len(archives):
+        raise invalid_index(source, "it names an archive twice")
+    for number, (window, (_, size)) in enumerate(zip(windows, meta["shards"], strict=True)):
+        if not (isinstance(window, list) and len(window) == 2 and all(map(_is_int, window))):
+            raise invalid_index(source, f"window entry {number} is malformed")
+        archive, base = window
+        if not 0 <= archive < len(archives):
+            raise invalid_index(source, f"window entry {number} names no archive")
+        if not 0 <= base <= base + size <= archives[archive]["size"]:
+            raise invalid_index(source, f"window entry {number} lies outside its archive")
+
+
+#: The fields of an archive an in-place index depends on: where it is and what it was like when it
+#: was indexed (a file that differs in either is refused at mount).
+ARCHIVE_KEYS = frozenset({"path", "size", "mtime_ns"})
 
 #: Metadata that ``dlfs info`` and ``.dlfs/config`` show when present, and the type each must have.
 _OPTIONAL_META: dict[str, Any] = {

@@ -55,6 +55,14 @@ class Index:
         self.dataset_id: str = meta["dataset_id"]
         self.shard_names: list[str] = [name for name, _ in meta["shards"]]
         self.shard_sizes: list[int] = [size for _, size in meta["shards"]]
+        #: The tar files an in-place dataset's bytes are read from (``dlfs pack --in-place``): each
+        #: one's path, size and mtime when indexed; empty for a packed dataset.
+        self.archives: list[dict[str, Any]] = meta.get("archives", [])
+        windows = meta.get("windows", [])
+        #: Each shard's archive (in-place datasets) and where in it the shard starts: a row's bytes
+        #: lie at ``shard_base[shard] + offset`` of the file read (0 for a shard file).
+        self.shard_archive = np.array([number for number, _ in windows], dtype=np.int64)
+        self.shard_base = np.array([base for _, base in windows] or [0] * len(self.shard_names), dtype=np.int64)
         self.parent = arrays["parent"]
         self.name_off = arrays["name_off"]
         self.names = arrays["names"]
@@ -124,6 +132,26 @@ class Index:
         changed = int(np.count_nonzero(self.flags & fmt.FLAG_TRANSFORMED))
         files = int(np.count_nonzero(self.kinds(slice(None)) == stat.S_IFREG))
         return f"{described['spec']} ({described['codec']}), {changed:,} of {files:,} files"
+
+    def shard_store(self, store: Store, random_access: bool = False) -> Store:
+        """The store the files' bytes are read from, checked to hold this dataset's: ``store``,
+        with its shards checked (``check_shards``); or, for an in-place dataset, its archives,
+        each checked to be the file indexed (``store.archives``), in place of ``store``, which is
+        closed."""
+        if not self.archives:
+            self.check_shards(store)
+            return store
+        from dlfs.core.store.archives import ArchiveStore
+
+        windows = [
+            (name, int(number), int(base), size)
+            for name, number, base, size in zip(
+                self.shard_names, self.shard_archive, self.shard_base, self.shard_sizes, strict=True
+            )
+        ]
+        archives = ArchiveStore(self.archives, windows, random_access)
+        store.close()
+        return archives
 
     def check_shards(self, store: Store) -> None:
         """Refuse a dataset whose shards are missing, truncated or from another pack run.
@@ -346,6 +374,10 @@ class Index:
     def location(self, row: int) -> str:
         """Human-readable place of a file's bytes, for error messages."""
         path = self.path(row).decode(errors="replace")
+        shard = int(self.shard[row])
+        if self.archives:
+            archive = self.archives[int(self.shard_archive[shard])]["path"]
+            return f"{path} (archive {archive}, offset {int(self.shard_base[shard]) + int(self.offset[row])})"
         return f"{path} (shard {self.shard_of(row)}, offset {int(self.offset[row])})"
 
 

@@ -58,8 +58,8 @@ class Reader:
         self.store.will_read(self.index.shard_of(row), shard_offset, length)
 
     def descriptor(self, shard: int, direct: bool = False, partial: bool = False) -> int | None:
-        """A descriptor to ``pread`` shard number ``shard`` from, for readers in C (the read-ahead's
-        push loop); see ``Store.descriptor``. ``partial``: also one of a disk tier's local file,
+        """A descriptor to ``pread`` shard number ``shard`` from, at ``index.shard_base[shard]``
+        plus a row's offset, for readers in C (the read-ahead's push loop); see ``Store.descriptor``. ``partial``: also one of a disk tier's local file,
         whose bytes the caller reads only where ``local`` vouches for them."""
         name = self.index.shard_names[shard]
         if isinstance(self.store, Descriptors):

@@ -184,7 +184,8 @@ def _check_sibling_block(
 def _check_files(
     meta: dict[str, Any], arrays: dict[str, np.ndarray], is_file: np.ndarray, source: str
 ) -> None:
-    """Each file's stored bytes lie inside its shard's recorded size, after the header; raw files
+    """Each file's stored bytes lie inside its shard's recorded size, after the header (an
+    in-place dataset's windows have none); raw files
     store exactly their size; lz4 files decompress to at most ``WHOLE_PAYLOAD_LIMIT`` (the most a
     read allocates for one file); no flag this version does not know. ``dlfs pack`` writes shard 0
     and no flags for directories and symlinks, so those two are checked on every row, with one
@@ -197,6 +198,7 @@ def _check_files(
         return
     if int(shard.max()) >= sizes.size:
         _first(source, shard >= sizes.size, "names a shard past the shard list")
+    floor = 0 if "windows" in meta else fmt.HEADER_SIZE
     used = int(np.bitwise_or.reduce(flags))
     if used & ~fmt.KNOWN_FLAGS:
         _first(source, (flags & ~np.uint8(fmt.KNOWN_FLAGS)) != 0, "has flags this dlfs does not know")
@@ -205,7 +207,7 @@ def _check_files(
         files, start, length = is_file[rows], offset[rows], stored[rows]
         limit = sizes[0] if sizes.size == 1 else sizes[shard[rows]]
         # ``limit - start`` wraps round only where ``start > limit``, which is refused already.
-        outside = (start < fmt.HEADER_SIZE) | (start > limit) | (length > limit - start)
+        outside = (start < floor) | (start > limit) | (length > limit - start)
         _first(source, files & outside, "has bytes outside its shard", base=first)
         raw = files
         if used & fmt.FLAG_LZ4:

@@ -98,7 +98,7 @@ def verify(
     store = open_store(location, options=options)
     try:
         index = Index.load(store, index_copies(options))
-        index.check_shards(store)
+        store = index.shard_store(store)
         reader = Reader(index, store, PayloadCache(0))
         rows = index.file_rows()
         report = VerifyReport(

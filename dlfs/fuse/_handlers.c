@@ -37,9 +37,10 @@
 /* The layouts of the structs dlfs/fuse/server.py mirrors with ctypes, which it compares before it
  * uses this library: how many fields, the size, then each field's offset in declaration order. */
 const uint64_t dlfs_dataset_layout[] = {
-    18, sizeof(struct dataset), offsetof(struct dataset, c), offsetof(struct dataset, r),
+    19, sizeof(struct dataset), offsetof(struct dataset, c), offsetof(struct dataset, r),
     offsetof(struct dataset, parent), offsetof(struct dataset, shard), offsetof(struct dataset, offset),
     offsetof(struct dataset, checksum), offsetof(struct dataset, flags), offsetof(struct dataset, shard_fds),
+    offsetof(struct dataset, shard_base),
     offsetof(struct dataset, count), offsetof(struct dataset, statfs_blocks),
     offsetof(struct dataset, statfs_bsize), offsetof(struct dataset, control_name),
     offsetof(struct dataset, region), offsetof(struct dataset, wanted), offsetof(struct dataset, readdirplus_auto),
@@ -180,11 +181,13 @@ static void fetch_region(struct answerer *a, int fd, uint64_t off, uint64_t len)
 static const uint8_t *load(struct answerer *a, uint64_t row) {
     const struct dataset *ds = &a->h->ds;
     uint64_t stored = ds->c.stored[row], size = ds->c.size[row];
-    int fd = ds->shard_fds[ds->shard[row]];
-    fetch_region(a, fd, ds->offset[row], stored);
+    uint32_t shard = ds->shard[row];
+    int fd = ds->shard_fds[shard];
+    int64_t at = ds->shard_base[shard] + (int64_t)ds->offset[row];
+    fetch_region(a, fd, (uint64_t)at, stored);
     if (!grow(&a->stored, &a->stored_size, stored ? stored : 1))
         return NULL;
-    if (read_all(fd, a->stored, (int64_t)stored, (int64_t)ds->offset[row], 0) != (int64_t)stored)
+    if (read_all(fd, a->stored, (int64_t)stored, at, 0) != (int64_t)stored)
         return NULL;
     const uint8_t *data = a->stored;
     if (ds->flags[row] & FLAG_LZ4) {

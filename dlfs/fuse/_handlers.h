@@ -33,6 +33,7 @@ struct dataset {
     const uint64_t *checksum;
     const uint8_t *flags;
     const int32_t *shard_fds; /* a descriptor per shard, or -1: its files are read by Python */
+    const int64_t *shard_base; /* where each shard starts in the file read (an in-place dataset's archive) */
     uint64_t count;           /* rows; inodes 1 .. count are the dataset's, the rest the control tree's */
     uint64_t statfs_blocks;
     uint32_t statfs_bsize;

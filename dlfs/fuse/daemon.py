@@ -132,7 +132,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
     log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
     if index.transform:
         log.info("transform %s: the mount serves the transformed bytes", index.transform)
-    index.check_shards(store)
+    store = index.shard_store(store, random_access=True)
     mountpoint = Path(mnt)
     check_mountpoint(mountpoint)
     check_allow_other(options.allow_other)

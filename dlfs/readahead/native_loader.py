@@ -132,9 +132,12 @@ class NativeLoader:
         order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=rows.size)
         read_ends = np.cumsum([len(group) for group in groups], dtype=np.int32)
         read_rows, read_starts, read_lengths = np.array(spans, dtype=np.int64).T
+        # Offsets in the file each descriptor reads: an in-place dataset's shard starts at its base.
+        read_starts = read_starts + index.shard_base[index.shard[read_rows]]
         reads = np.stack([*self._descriptors[:, index.shard[read_rows]], read_starts, read_lengths])
         rows, positions = rows[order], positions[order]
-        starts, lengths, checksums = index.offset[rows], index.stored[rows], index.checksum[rows]
+        starts = index.offset[rows] + index.shard_base[index.shard[rows]]
+        lengths, checksums = index.stored[rows], index.checksum[rows]
         deferred: list[np.ndarray] = []
         cold = False
         for first, last in chunks(read_ends, NativePusher.buffer_shares(read_starts, read_lengths)):

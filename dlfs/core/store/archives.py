@@ -1,0 +1,134 @@
+"""An in-place dataset's bytes: windows of the tar files it was indexed from (``dlfs pack --in-place``).
+
+Each shard of such a dataset is a window of an archive, ``base`` bytes into it (``dlfs.core.format``),
+so a read of shard ``k`` at ``offset`` is a ``pread`` of its archive at ``base + offset``. The C
+readers take the archive's descriptor and add the base themselves (``Index.shard_base``).
+
+What a mount trusts. The index is input too, and it names files the daemon will open. So every path
+must be absolute and normalised (``format.is_archive_path``, checked at load), and here each is
+opened once, at mount, and refused unless it is a regular file with the size and mtime recorded when
+it was indexed. Every later descriptor is a reopening of that same open file (through
+``/proc/self/fd``), so a path replaced after the check changes nothing that is read. The index
+cannot make the mount serve a byte it does not already know: every file is checked against the
+checksum recorded while indexing, so a byte changed later (or a crafted index pointing at a file
+it has no checksums of) reads as EIO. What remains is that a mount opens, with the daemon's own
+rights, regular files an index names, and learns whether their size and mtime match.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from dlfs.core.errors import ShardError, StoreError
+from dlfs.core.store.interface import ShardWriter
+from dlfs.core.store.local import LocalStore
+
+AGAIN = "re-run dlfs pack --in-place"
+
+
+def identity(path: str) -> dict[str, Any]:
+    """What an in-place index records of an archive (``format.ARCHIVE_KEYS``), as it is now."""
+    st = os.stat(path)
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def open_archive(archive: dict[str, Any]) -> int:
+    """A descriptor of the archive an index names, or ``ShardError`` in one line when it is
+    missing, not a regular file, or not the file that was indexed."""
+    path = archive["path"]
+    try:
+        # O_NONBLOCK: a FIFO at the path must not hang the mount; a regular file ignores it.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise ShardError(f"archive {path} is missing; restore it or {AGAIN}") from None
+    except OSError as exc:
+        raise ShardError(f"cannot open archive {path}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    problem = ""
+    if not stat.S_ISREG(st.st_mode):
+        problem = f"{path} is not a regular file; an in-place dataset reads only the tar files it indexed"
+    elif st.st_size != archive["size"] or st.st_mtime_ns != archive["mtime_ns"]:
+        problem = (
+            f"archive {path} has changed since it was indexed ({st.st_size} bytes, mtime "
+            f"{st.st_mtime_ns} ns; indexed: {archive['size']} bytes, mtime {archive['mtime_ns']} ns); {AGAIN}"
+        )
+    if problem:
+        os.close(fd)
+        raise ShardError(problem)
+    return fd
+
+
+class ArchiveStore(LocalStore):
+    """The windows of an in-place dataset's archives, read like a directory's shards (``LocalStore``)
+    at the window's base. Read-only."""
+
+    def __init__(
+        self,
+        archives: list[dict[str, Any]],
+        windows: list[tuple[str, int, int, int]],
+        random_access: bool = False,
+    ) -> None:
+        """``windows``: (shard name, archive number, base, size) of each shard. Every archive is
+        opened and checked here (``open_archive``)."""
+        super().__init__("/", random_access, durable=False)
+        self.url = ", ".join(archive["path"] for archive in archives)
+        self.writes_in_place = False
+        self._paths = [archive["path"] for archive in archives]
+        self._checked: list[int] = []
+        try:
+            for archive in archives:
+                self._checked.append(open_archive(archive))
+        except BaseException:
+            self.close()
+            raise
+        self._windows = {name: (number, base, size) for name, number, base, size in windows}
+
+    def _open(self, name: str, flags: int) -> int:
+        """A new open file of the checked archive: its own read-ahead advice, or O_DIRECT."""
+        number, _, _ = self._windows[name]
+        return os.open(f"/proc/self/fd/{self._checked[number]}", flags)
+
+    def _base(self, name: str) -> int:
+        return self._windows[name][1]
+
+    def read(self, name: str, offset: int, length: int) -> bytes:
+        return super().read(name, self._base(name) + offset, length)
+
+    read_buffer = read
+
+    def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
+        return super().read_into(name, self._base(name) + offset, buffer, wait)
+
+    def will_read(self, name: str, offset: int, length: int) -> None:
+        super().will_read(name, self._base(name) + offset, length)
+
+    def _read_error(self, name: str, offset: int, exc: OSError) -> StoreError:
+        return StoreError(f"reading {self._paths[self._windows[name][0]]} at {offset}: {exc.strerror}")
+
+    def size(self, name: str) -> int | None:
+        window = self._windows.get(name)
+        return None if window is None else window[2]
+
+    def sizes(self) -> dict[str, int]:
+        return {name: size for name, (_, _, size) in self._windows.items()}
+
+    def map_index(self, name: str) -> memoryview:
+        raise StoreError("an in-place dataset's archives hold no index")
+
+    def put_file(self, name: str, path: Path) -> None:
+        raise StoreError("an in-place dataset's archives are read-only")
+
+    def create(self, name: str) -> ShardWriter:
+        raise StoreError("an in-place dataset's archives are read-only")
+
+    def delete(self, name: str) -> None:
+        raise StoreError("an in-place dataset's archives are read-only")
+
+    def close(self) -> None:
+        super().close()
+        for fd in self._checked:
+            os.close(fd)
+        self._checked.clear()
