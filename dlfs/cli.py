@@ -86,16 +86,22 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         store=_store_options(args),
         transform=parse_transform(args.transform) if args.transform else None,
         expand_tars=args.expand_tars,
+        in_place=args.in_place,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
         return 0
     seconds = max(summary.seconds, 1e-9)
+    where = (
+        f"in place in {summary.archives} tar(s), with an index of"
+        if summary.archives
+        else f"into {summary.shards} shard(s) of {_human(summary.stored_bytes)} + index"
+    )
     print(
-        f"packed {summary.files} files, {summary.directories} directories, {summary.symlinks} symlinks "
-        f"({_human(summary.bytes)}) into {summary.shards} shard(s) of {_human(summary.stored_bytes)} "
-        f"+ index {_human(summary.index_bytes)} in {summary.seconds:.2f} s "
+        f"{'indexed' if summary.archives else 'packed'} {summary.files} files, {summary.directories} "
+        f"directories, {summary.symlinks} symlinks ({_human(summary.bytes)}) {where} "
+        f"{_human(summary.index_bytes)} in {summary.seconds:.2f} s "
         f"({summary.files / seconds:,.0f} files/s, {summary.bytes / seconds / 1e6:,.1f} MB/s)"
     )
     if summary.compressed_files:
@@ -215,6 +221,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"{verdict}: checked {report.files} files ({_human(report.bytes)}) in {report.seconds:.2f} s")
         if report.transform:
             print(f"transform: {report.transform}; checked as stored")
+        if report.in_place:
+            print(report.in_place)
     return 0 if report.ok else 1
 
 
@@ -250,6 +258,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         raise DlfsError(f"{args.path}: no such file or directory in {args.dataset}")
     if args.long and index.transform:
         print(f"transform: {index.transform}; sizes are of the stored bytes")
+    if args.long and index.in_place:
+        print(index.in_place)
     if not index.is_dir(row):
         print(_ls_line(index, row, index.path(row), args.long))
         return 0
@@ -299,6 +309,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "dlfs_version": index.meta.get("dlfs_version"),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(index.meta.get("created_ns", 0) / 1e9)),
         "transform": index.transform or "none",
+        "archives": [archive["path"] for archive in index.archives],
         "build": index.meta.get("build", {}),
     }
     if args.json:
@@ -307,6 +318,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for key, value in info.items():
         if key == "build":
             value = " ".join(f"{k}={v}" for k, v in value.items())
+        elif key == "archives":
+            value = index.in_place or "none (packed into shards)"
         elif key in ("bytes", "stored_bytes"):
             value = f"{value} ({_human(value)})"
         print(f"{key + ':':<18}{value}")
@@ -530,6 +543,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="an archive's members named NAME.tar, at any depth, become folders NAME of their members "
         "(ImageNet's train tar of class tars packs into class folders)",
+    )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="write only an index: the mount serves every member from SRC itself, an uncompressed tar or a "
+        "folder of .tar files (each a folder named after it), which must then stay where and as it is",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     _store_flags(p)

@@ -62,7 +62,9 @@ class Index:
         #: Each shard's archive (in-place datasets) and where in it the shard starts: a row's bytes
         #: lie at ``shard_base[shard] + offset`` of the file read (0 for a shard file).
         self.shard_archive = np.array([number for number, _ in windows], dtype=np.int64)
-        self.shard_base = np.array([base for _, base in windows] or [0] * len(self.shard_names), dtype=np.int64)
+        self.shard_base = np.array(
+            [base for _, base in windows] or [0] * len(self.shard_names), dtype=np.int64
+        )
         self.parent = arrays["parent"]
         self.name_off = arrays["name_off"]
         self.names = arrays["names"]
@@ -132,6 +134,15 @@ class Index:
         changed = int(np.count_nonzero(self.flags & fmt.FLAG_TRANSFORMED))
         files = int(np.count_nonzero(self.kinds(slice(None)) == stat.S_IFREG))
         return f"{described['spec']} ({described['codec']}), {changed:,} of {files:,} files"
+
+    @property
+    def in_place(self) -> str:
+        """The tars an in-place dataset's bytes are read from, in one line, or "" for a packed
+        dataset: ``served in place from 2 tar(s): /data/a.tar, /data/b.tar``."""
+        if not self.archives:
+            return ""
+        paths = ", ".join(archive["path"] for archive in self.archives)
+        return f"served in place from {len(self.archives)} tar(s): {paths}"
 
     def shard_store(self, store: Store, random_access: bool = False) -> Store:
         """The store the files' bytes are read from, checked to hold this dataset's: ``store``,

@@ -59,8 +59,9 @@ class Reader:
 
     def descriptor(self, shard: int, direct: bool = False, partial: bool = False) -> int | None:
         """A descriptor to ``pread`` shard number ``shard`` from, at ``index.shard_base[shard]``
-        plus a row's offset, for readers in C (the read-ahead's push loop); see ``Store.descriptor``. ``partial``: also one of a disk tier's local file,
-        whose bytes the caller reads only where ``local`` vouches for them."""
+        plus a row's offset, for readers in C (the read-ahead's push loop); see
+        ``Store.descriptor``. ``partial``: also one of a disk tier's local file, whose bytes the
+        caller reads only where ``local`` vouches for them."""
         name = self.index.shard_names[shard]
         if isinstance(self.store, Descriptors):
             return self.store.descriptor(name, direct=direct)

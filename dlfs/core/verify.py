@@ -80,6 +80,8 @@ class VerifyReport:
     bad: list[dict[str, str]] = field(default_factory=list)
     #: ``Index.transform``: checked are the bytes a pack-time transform stored, not the source's.
     transform: str = ""
+    #: ``Index.in_place``: the tars an in-place dataset's bytes were checked in.
+    in_place: str = ""
 
     @property
     def ok(self) -> bool:
@@ -102,7 +104,10 @@ def verify(
         reader = Reader(index, store, PayloadCache(0))
         rows = index.file_rows()
         report = VerifyReport(
-            files=int(rows.size), bytes=int(index.size[rows].sum()), transform=index.transform
+            files=int(rows.size),
+            bytes=int(index.size[rows].sum()),
+            transform=index.transform,
+            in_place=index.in_place,
         )
 
         def check(run: list[int]) -> list[tuple[int, str | None]]:

@@ -43,6 +43,8 @@ class PackOptions:
     transform: Transform | None = None
     #: An archive's members named ``NAME.tar`` become folders ``NAME`` of their own members.
     expand_tars: bool = False
+    #: Write only the index; the mount serves members from the tars themselves (``archive.in_place``).
+    in_place: bool = False
 
 
 @dataclass
@@ -62,6 +64,8 @@ class PackSummary:
     skipped_paths: list[str] = field(default_factory=list)
     #: Archive members at a path a later member took (the last is kept, as ``tar x`` keeps it).
     duplicates: int = 0
+    #: Tars an in-place pack indexed (``--in-place``; 0: the bytes went into shards).
+    archives: int = 0
     #: ``--transform``'s spec and codec ("" without one), the files it changed, and per reason
     #: (``images.Kept``) the files it stored unchanged.
     transform: str = ""

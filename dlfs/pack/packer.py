@@ -29,6 +29,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import LocalStore, Store, is_s3, open_store
 from dlfs.pack import images
+from dlfs.pack.archive.in_place import ArchiveWindows, InPlace
 from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
@@ -55,7 +56,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
-    archive = None if src_path.is_dir() else Archive(os.fspath(src))
+    archive = _archive(src_path, dst, options)
     if archive is None and options.expand_tars:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
     try:
@@ -70,7 +71,20 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     return summary
 
 
-def _pack_to_directory(src: Path, archive: Archive | None, dst: Path, options: PackOptions) -> PackSummary:
+def _archive(src: Path, dst: str | os.PathLike[str], options: PackOptions) -> Archive | InPlace | None:
+    """The archive source opened, or None for a directory tree."""
+    if not options.in_place:
+        return None if src.is_dir() else Archive(os.fspath(src))
+    if options.compress or options.transform is not None:
+        raise PackError("--in-place serves the tars' own bytes; it takes neither --compress nor --transform")
+    if is_s3(dst):
+        raise PackError("--in-place writes only an index, to a local directory; give a directory as DST")
+    return InPlace(os.fspath(src))
+
+
+def _pack_to_directory(
+    src: Path, archive: Archive | InPlace | None, dst: Path, options: PackOptions
+) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
     old_id = check_destination(src, dst, store, options)
     try:
@@ -80,7 +94,9 @@ def _pack_to_directory(src: Path, archive: Archive | None, dst: Path, options: P
         store.close()
 
 
-def _pack_to_bucket(src: Path, archive: Archive | None, dst: str, options: PackOptions) -> PackSummary:
+def _pack_to_bucket(
+    src: Path, archive: Archive | InPlace | None, dst: str, options: PackOptions
+) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
     once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
@@ -99,7 +115,12 @@ def _pack_to_bucket(src: Path, archive: Archive | None, dst: str, options: PackO
 
 
 def _replace(
-    src: Path, archive: Archive | None, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
+    src: Path,
+    archive: Archive | InPlace | None,
+    store: Store,
+    old_id: str | None,
+    spill_in: Path,
+    options: PackOptions,
 ) -> PackSummary:
     """Pack the tree ``src``, or ``archive``, into ``store`` in place of dataset ``old_id``,
     removing what earlier runs left, with its column files in a ``Spill`` under ``spill_in``."""
@@ -197,7 +218,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
 
 
 def _pack_locked(
-    src: bytes, archive: Archive | None, store: Store, spill: Spill, options: PackOptions
+    src: bytes, archive: Archive | InPlace | None, store: Store, spill: Spill, options: PackOptions
 ) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
@@ -205,7 +226,11 @@ def _pack_locked(
     in_place = (
         archive is None and store.writes_in_place and not options.compress and options.transform is None
     )
-    shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
+    shards = (
+        archive.windows(summary.dataset_id)
+        if isinstance(archive, InPlace)
+        else (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
+    )
     with (
         ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool,
         _transform_pool(options, summary) as transforms,
@@ -215,6 +240,9 @@ def _pack_locked(
                 tree = walk(src, spill, options, summary, pool)
                 placed = Placed(tree, spill)
                 _write_payloads(transforms or pool, tree, placed, shards, options, summary)
+            elif isinstance(archive, InPlace):
+                assert isinstance(shards, ArchiveWindows)
+                tree, placed = archive.pack(shards, spill, options, summary)
             else:
                 assert isinstance(shards, InOrderShards)
                 tree, placed = archive.pack(shards, spill, options, summary, transforms or pool)
@@ -235,6 +263,8 @@ def _pack_locked(
                 },
                 "shards": shard_list,
             }
+            if isinstance(shards, ArchiveWindows):
+                meta.update(shards.meta())
             if options.transform is not None:
                 meta["transform"] = options.transform.describe(summary.codec)
             index_path = spill.path(fmt.INDEX_NAME)

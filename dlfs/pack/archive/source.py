@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import xxhash
 from tqdm import tqdm
@@ -47,6 +47,43 @@ def _encode_batch(
     return [None if data is None else encode(data, compress, transform) for data in items]
 
 
+def progress(options: PackOptions) -> tqdm:
+    """The pass's progress bar, in bytes of members (``advance``)."""
+    return tqdm(
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    )
+
+
+def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int) -> None:
+    """One more member of ``size`` bytes recorded: the bar, and every 256 members its files/s."""
+    if bar is None:
+        return
+    bar.update(size)
+    if len(ledger) % 256 == 0:
+        rate = len(ledger) / max(time.monotonic() - started, 1e-9)
+        bar.set_postfix_str(f"{len(ledger):,} files, {rate:,.0f} files/s", refresh=False)
+
+
+class Sink(Protocol):
+    """Where ``Archive.record`` hands members that are not folders: a writer into shards, or the
+    in-place pass's checksummer (``in_place``)."""
+
+    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+        """A regular file, its bytes to read from ``data`` now (``checked``: through a zip's
+        size checks)."""
+
+    def add(self, member: Member, data: bytes | None) -> None:
+        """A symlink or hard link (``data`` None)."""
+
+    def finish_pending(self) -> None:
+        """Every member handed over is recorded in the ledger."""
+
+
 class Archive:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
@@ -65,11 +102,11 @@ class Archive:
     def close(self) -> None:
         self.stream.close()
 
-    def _members(self, options: PackOptions) -> Iterator[tuple[Member, BinaryIO | None]]:
+    def _members(self, options: PackOptions, prefix: bytes) -> Iterator[tuple[Member, BinaryIO | None]]:
         if self.kind == "zip":
             assert self.stream.file is not None
             return zip_members(self.stream.file, self.name, self.root.uid, self.root.gid, options.expand_tars)
-        return tar_members(self.stream.stream, self.name, options.expand_tars)
+        return tar_members(self.stream.stream, self.name, options.expand_tars, prefix)
 
     def pack(
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
@@ -77,42 +114,42 @@ class Archive:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
         writer = _Writer(pool, shards, ledger, options, summary)
-        iterator = self._members(options)
-        with tqdm(
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            disable=not options.progress,
-            desc="pack",
-            dynamic_ncols=True,
-        ) as bar:
+        with progress(options) as bar:
             writer.bar = bar
-            while True:
-                with reading(self.name, self.kind):
-                    item = next(iterator, None)
-                    if item is None:
-                        break
-                    member, data = item
-                    if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-                        ledger.symlinks.add(member.path)
-                    try:
-                        if member.problem:
-                            raise Refused(member.problem)
-                        ledger.check_path(member.path)
-                    except Refused as exc:
-                        fail_or_skip(str(exc), options, summary, member.path)
-                        continue
-                    if member.kind == stat.S_IFDIR:
-                        ledger.folder(member)
-                    elif member.kind == stat.S_IFREG:
-                        assert data is not None
-                        writer.add_file(member, data, self.kind == "zip")
-                    else:
-                        writer.add(member, None)
-            writer.finish_pending()
-            with reading(self.name, self.kind):
-                self.stream.drain()
+            self.record(ledger, writer, options, summary)
         return rows.build(ledger, spill, options, summary)
+
+    def record(
+        self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes = b""
+    ) -> None:
+        """Read every member, in one pass, into ``ledger`` (folders) and ``sink`` (the rest), its
+        path under ``prefix`` (a tar's)."""
+        iterator = self._members(options, prefix)
+        while True:
+            with reading(self.name, self.kind):
+                item = next(iterator, None)
+                if item is None:
+                    break
+                member, data = item
+                if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+                    ledger.symlinks.add(member.path)
+                try:
+                    if member.problem:
+                        raise Refused(member.problem)
+                    ledger.check_path(member.path)
+                except Refused as exc:
+                    fail_or_skip(str(exc), options, summary, member.path)
+                    continue
+                if member.kind == stat.S_IFDIR:
+                    ledger.folder(member)
+                elif member.kind == stat.S_IFREG:
+                    assert data is not None
+                    sink.add_file(member, data, self.kind == "zip")
+                else:
+                    sink.add(member, None)
+        sink.finish_pending()
+        with reading(self.name, self.kind):
+            self.stream.drain()
 
 
 class _Writer:
@@ -212,8 +249,4 @@ class _Writer:
             else:
                 kept = self.summary.kept_files
                 kept[payload.kept.value] = kept.get(payload.kept.value, 0) + 1
-        if self.bar is not None:
-            self.bar.update(payload.size)
-            if len(self.ledger) % 256 == 0:
-                rate = len(self.ledger) / max(time.monotonic() - self.started, 1e-9)
-                self.bar.set_postfix_str(f"{len(self.ledger):,} files, {rate:,.0f} files/s", refresh=False)
+        advance(self.bar, self.ledger, self.started, payload.size)

@@ -1,0 +1,204 @@
+"""``dlfs pack --in-place``: index tar files so that a mount serves every member from the tar itself.
+
+The source is an uncompressed tar, or a folder of them (WebDataset shards), each becoming a folder
+named after it (``shard-000.tar`` -> ``shard-000/``). The pass is the archive pass of an ordinary
+pack (``source.Archive.record``: the same names, links, duplicates and refusals), but instead of
+copying a member's bytes into a shard it checksums them and records where they lie in the tar:
+with ``--expand-tars`` a nested tar's members are contiguous bytes of the outer file too. Only the
+index is written.
+
+A member's place is (window, offset in it): the windows cut each tar into runs of at most
+``WINDOW_MAX`` bytes, a new one starting at the first member that would cross the end, so the
+index's 32-bit ``offset`` column addresses tars of any size (``dlfs.core.format``). Each tar's
+identity (size, mtime) is recorded; a mount refuses a tar that no longer matches
+(``dlfs.core.store.archives``), and a byte changed inside a member fails its checksum.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import xxhash
+from tqdm import tqdm
+
+from dlfs.core import format as fmt
+from dlfs.core.errors import PackError
+from dlfs.pack.archive import members, rows
+from dlfs.pack.archive.ledger import Folder, Ledger
+from dlfs.pack.archive.members import Member
+from dlfs.pack.archive.source import Archive, advance, progress
+from dlfs.pack.columns import Placed
+from dlfs.pack.options import PackOptions, PackSummary
+from dlfs.pack.pipeline import STREAM_CHUNK, Payload
+from dlfs.pack.spill import Spill
+from dlfs.pack.walk import Tree
+
+#: What to do instead, in every refusal of a source or member that cannot be served in place.
+INSTEAD = "pack without --in-place, which copies the bytes into shards"
+TAR_SUFFIX = ".tar"
+#: Most bytes from a window's base to the end of its last member: the 32-bit ``offset`` column's
+#: reach.
+WINDOW_MAX = fmt.SHARD_MAX
+
+
+class ArchiveWindows:
+    """Where members lie: windows of the tars, numbered in the order members arrive (the shard
+    list of the index), and the tars' identities."""
+
+    def __init__(self, dataset_id: str, archives: list[dict[str, Any]]) -> None:
+        self.dataset_id = dataset_id
+        self.archives = archives
+        #: (archive number, base, end) of each window.
+        self.windows: list[list[int]] = []
+
+    def place(self, archive: int, offset: int, size: int) -> tuple[int, int]:
+        """(window, offset in it) of ``size`` bytes at ``offset`` of tar ``archive``; members of a
+        tar arrive in increasing offsets."""
+        last = self.windows[-1] if self.windows else None
+        if last is None or last[0] != archive or offset + max(size, 1) - last[1] > WINDOW_MAX:
+            last = [archive, offset, offset]
+            self.windows.append(last)
+        last[2] = max(last[2], offset + size)
+        return len(self.windows) - 1, offset - last[1]
+
+    def finish(self) -> list[tuple[str, int]]:
+        """The index's shard list: each window's name and length."""
+        return [
+            (fmt.window_name(self.dataset_id, k), end - base) for k, (_, base, end) in enumerate(self.windows)
+        ]
+
+    def meta(self) -> dict[str, Any]:
+        """The index metadata of an in-place dataset (``format._check_windows``)."""
+        return {"archives": self.archives, "windows": [[number, base] for number, base, _ in self.windows]}
+
+    def abort(self) -> None:
+        """Nothing was written."""
+
+
+class _Checksums:
+    """The in-place pass's ``source.Sink``: each file's checksum and place in its tar."""
+
+    def __init__(
+        self, ledger: Ledger, windows: ArchiveWindows, summary: PackSummary, tar: str, number: int, bar: tqdm
+    ) -> None:
+        self.ledger, self.windows, self.summary = ledger, windows, summary
+        self.tar, self.number = tar, number
+        self.bar = bar
+        self.started = time.monotonic()
+
+    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+        if not member.contiguous:
+            raise PackError(
+                f"{members.show(member.path)} in {self.tar} is a GNU sparse file, whose bytes do not lie "
+                f"in the tar as they read; {INSTEAD}"
+            )
+        hasher = xxhash.xxh3_64()
+        left = member.size
+        while left:
+            chunk = data.read(min(left, STREAM_CHUNK))
+            if not chunk:
+                raise EOFError(f"member {members.show(member.path)} is cut short")
+            hasher.update(chunk)
+            left -= len(chunk)
+        shard, offset = self.windows.place(self.number, member.offset, member.size)
+        payload = Payload(b"", 0, member.size, hasher.intdigest())
+        self.ledger.add(member, payload, shard, offset, member.size)
+        self.summary.source_bytes += member.size
+        advance(self.bar, self.ledger, self.started, member.size)
+
+    def add(self, member: Member, data: bytes | None) -> None:
+        self.ledger.add(member)
+
+    def finish_pending(self) -> None:
+        """Every member is recorded as it arrives."""
+
+
+class InPlace:
+    """The tars of an in-place pack, opened; ``pack`` indexes them in one pass each."""
+
+    def __init__(self, source: str) -> None:
+        path = Path(source)
+        if path.is_dir():
+            self.name, self.kind = source, "tar folder"
+            found = sorted(os.scandir(path), key=lambda entry: os.fsencode(entry.name))
+            for entry in found:
+                if not (entry.name.endswith(TAR_SUFFIX) and entry.is_file()):
+                    raise PackError(
+                        f"{source} holds {entry.name}, which is not a .tar file; --in-place takes a tar or "
+                        "a folder of .tar files (WebDataset shards)"
+                    )
+            tars = [entry.path for entry in found]
+            if not tars:
+                raise PackError(f"{source} holds no .tar files; --in-place takes a tar or a folder of them")
+            st = path.stat()
+        else:
+            self.name, self.kind = source, "tar"
+            tars = [source]
+        self.archives: list[Archive] = []
+        self.identities: list[dict[str, Any]] = []
+        self.stats: list[os.stat_result] = []
+        try:
+            for tar in tars:
+                self._open(tar)
+        except BaseException:
+            self.close()
+            raise
+        if path.is_dir():
+            self.root = Folder(
+                fmt.ROOT_ROW, b"", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
+            )
+        else:
+            self.root = self.archives[0].root
+
+    def _open(self, tar: str) -> None:
+        archive = Archive(tar)
+        self.archives.append(archive)
+        if archive.kind != "tar":
+            raise PackError(f"{tar} is a {archive.kind}, whose members cannot be read in place; {INSTEAD}")
+        if archive.stream.file is None:
+            raise PackError(
+                f"--in-place serves members from the tar's file, and {archive.name} is none; {INSTEAD}"
+            )
+        st = os.fstat(archive.stream.file.fileno())
+        self.stats.append(st)
+        self.identities.append({"path": os.path.abspath(tar), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+
+    def windows(self, dataset_id: str) -> ArchiveWindows:
+        return ArchiveWindows(dataset_id, self.identities)
+
+    def pack(
+        self, windows: ArchiveWindows, spill: Spill, options: PackOptions, summary: PackSummary
+    ) -> tuple[Tree, Placed]:
+        """Record every member of every tar, and where its bytes lie; the tree and placements."""
+        ledger = Ledger(spill, self.root)
+        summary.archives = len(self.archives)
+        folders = len(self.archives) > 1 or Path(self.name).is_dir()
+        with progress(options) as bar:
+            for number, archive in enumerate(self.archives):
+                prefix = b""
+                if folders:  # the tar becomes a folder, as a nested one does with --expand-tars
+                    prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
+                    st = self.stats[number]
+                    tar = Member(prefix, stat.S_IFREG, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
+                    ledger.folder(members.folder_of(tar, prefix))
+                sink = _Checksums(ledger, windows, summary, archive.name, number, bar)
+                archive.record(ledger, sink, options, summary, prefix)
+                self._check_unchanged(number)
+        return rows.build(ledger, spill, options, summary)
+
+    def _check_unchanged(self, number: int) -> None:
+        """The tar read is the tar recorded: a tar changed while it was read would be refused by
+        every mount."""
+        archive, before = self.archives[number], self.stats[number]
+        assert archive.stream.file is not None
+        st = os.fstat(archive.stream.file.fileno())
+        if (st.st_size, st.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
+
+    def close(self) -> None:
+        for archive in self.archives:
+            archive.close()

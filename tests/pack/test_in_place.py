@@ -1,0 +1,283 @@
+"""``dlfs pack --in-place``: only an index is written, and the mount serves every member from the tar
+itself: as ``tar x`` extracts it, from a folder of WebDataset shards and from nested class tars;
+a tar changed since it was indexed is refused at mount, a byte changed inside a member is EIO, and
+what cannot be served in place is refused in one line."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+import subprocess
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import TOOLS, assert_one_line_error, dlfs, mounted, tool
+from test_archive import WRITERS, extract, listing, safe_odd_tree
+
+from dlfs.core import format as fmt
+from dlfs.core.index import Index
+from dlfs.core.store import LocalStore
+
+IN_PLACE_WRITERS = {kind: WRITERS[kind] for kind in ("gnu", "pax")}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return safe_odd_tree(tmp_path_factory.mktemp("in-place") / "src")
+
+
+def index_of(dataset: Path) -> Index:
+    return Index.load(LocalStore(dataset))
+
+
+def place_in_tar(dataset: Path, path: str) -> tuple[Path, int, int]:
+    """(tar, offset, size) of a member's bytes, from the index."""
+    index = index_of(dataset)
+    row = index.resolve(path.encode())
+    assert row is not None and index.is_file(row)
+    shard = int(index.shard[row])
+    tar = index.archives[int(index.shard_archive[shard])]["path"]
+    return Path(tar), int(index.shard_base[shard]) + int(index.offset[row]), int(index.size[row])
+
+
+def pack_in_place_and_compare(tmp_path: Path, archive: Path, *flags: str) -> Path:
+    """Pack ``archive`` in place, mount it and compare with what ``tar x`` makes of it; the
+    dataset, which holds nothing but the index."""
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", archive, dst, *flags)
+    assert sorted(p.name for p in dst.iterdir()) == [fmt.INDEX_NAME]
+    expected = listing(extract(archive, tmp_path / "extracted"))
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        got = listing(mnt)
+    assert got == expected
+    return dst
+
+
+@pytest.mark.parametrize("kind", list(IN_PLACE_WRITERS))
+def test_a_tar_written_by_gnu_tar_is_served_in_place_as_tar_x_extracts_it(
+    tree: Path, tmp_path: Path, kind: str
+) -> None:
+    archive = tmp_path / "src.tar"
+    subprocess.run([arg.format(src=tree, out=archive) for arg in WRITERS[kind]], check=True, timeout=60)
+    pack_in_place_and_compare(tmp_path, archive)
+
+
+def test_a_ustar_tar_is_served_in_place_as_tar_x_extracts_it(tree: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "src.tar"
+    names = ["classes", "many", "plain.txt", "empty-dir-0700", "link-to-dir"]
+    subprocess.run(["tar", "--format=ustar", "-cf", archive, "-C", tree, *names], check=True, timeout=60)
+    pack_in_place_and_compare(tmp_path, archive)
+
+
+def test_a_tar_written_by_python_tarfile_is_served_in_place_as_tar_x_extracts_it(
+    tree: Path, tmp_path: Path
+) -> None:
+    archive = tmp_path / "src.tar"
+    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as out:
+        out.add(tree, arcname=".")
+    pack_in_place_and_compare(tmp_path, archive)
+
+
+def write_shards(folder: Path, shards: int, samples: int) -> dict[str, bytes]:
+    """WebDataset-style shards (``shard-NNNNNN.tar`` of ``KEY.jpg`` and ``KEY.cls``); the bytes
+    each member should be served as, by its path in the mount."""
+    folder.mkdir(parents=True)
+    expected = {}
+    for s in range(shards):
+        with tarfile.open(folder / f"shard-{s:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as out:
+            for k in range(samples):
+                for suffix, data in (("jpg", os.urandom(1000 + 37 * k)), ("cls", str(k % 5).encode())):
+                    info = tarfile.TarInfo(f"{s:03d}{k:05d}.{suffix}")
+                    info.size = len(data)
+                    out.addfile(info, io.BytesIO(data))
+                    expected[f"shard-{s:06d}/{info.name}"] = data
+    return expected
+
+
+def test_a_folder_of_webdataset_shards_becomes_a_folder_per_shard(tmp_path: Path) -> None:
+    expected = write_shards(tmp_path / "shards", shards=3, samples=20)
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", tmp_path / "shards", dst)
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        got = {str(p.relative_to(mnt)): p.read_bytes() for p in mnt.rglob("*") if p.is_file()}
+        folders = sorted(p.name for p in mnt.iterdir())
+    assert got == expected
+    assert folders == [f"shard-{s:06d}" for s in range(3)]
+    assert len(index_of(dst).archives) == 3
+
+
+def imagenet_like(tmp_path: Path, files: int = 60, classes: int = 4) -> tuple[Path, Path]:
+    """The tree ``tools/make_imagenet_like.py`` makes, and ImageNet's train tar of it: a tar of
+    one tar per class folder."""
+    tree = tmp_path / "tree"
+    tool(
+        TOOLS / "make_imagenet_like.py",
+        tree,
+        "--files",
+        str(files),
+        "--classes",
+        str(classes),
+        "--payload",
+        "tiny",
+    )
+    class_tars = tmp_path / "classes"
+    class_tars.mkdir()
+    for folder in sorted(tree.iterdir()):
+        subprocess.run(
+            ["tar", "-cf", class_tars / f"{folder.name}.tar", "-C", folder, "."], check=True, timeout=60
+        )
+    train = tmp_path / "train.tar"
+    subprocess.run(["tar", "-cf", train, "-C", class_tars, "."], check=True, timeout=60)
+    return tree, train
+
+
+def test_nested_class_tars_are_served_in_place_with_expand_tars(tmp_path: Path) -> None:
+    tree, train = imagenet_like(tmp_path)
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", "--expand-tars", train, dst)
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        got = {p.relative_to(mnt): p.read_bytes() for p in mnt.rglob("*") if p.is_file()}
+    assert got == {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    assert [a["path"] for a in index_of(dst).archives] == [str(train)]
+
+
+def test_a_tar_larger_than_a_window_is_cut_into_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offsets are 32-bit within a window: a tar past ``WINDOW_MAX`` (4 GiB) takes several, each
+    starting at a member (here with the limit lowered to 64 KiB, in process)."""
+    from dlfs.pack import PackOptions, pack
+    from dlfs.pack.archive import in_place
+
+    monkeypatch.setattr(in_place, "WINDOW_MAX", 64 << 10)
+    expected = write_shards(tmp_path / "shards", shards=1, samples=80)
+    dst = tmp_path / "dst"
+    pack(tmp_path / "shards" / "shard-000000.tar", dst, PackOptions(progress=False, in_place=True))
+    monkeypatch.undo()
+    index = index_of(dst)
+    assert len(index.shard_names) > 1 and all(size <= 64 << 10 for size in index.shard_sizes)
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        got = {p.name: p.read_bytes() for p in mnt.rglob("*") if p.is_file()}
+    assert got == {path.split("/")[1]: data for path, data in expected.items()}
+
+
+@pytest.mark.parametrize("change", ["mtime", "size"])
+def test_a_tar_changed_since_it_was_indexed_is_refused_at_mount(tmp_path: Path, change: str) -> None:
+    write_shards(tmp_path / "shards", shards=1, samples=5)
+    tar = tmp_path / "shards" / "shard-000000.tar"
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", tar, dst)
+    if change == "mtime":
+        os.utime(tar, ns=(tar.stat().st_atime_ns, tar.stat().st_mtime_ns + 1_000_000_000))
+    else:
+        with open(tar, "ab") as f:
+            f.write(bytes(512))
+    (tmp_path / "mnt").mkdir()
+    result = dlfs("mount", dst, tmp_path / "mnt", check=False)
+    assert_one_line_error(result, str(tar), "changed since it was indexed", "re-run dlfs pack --in-place")
+    assert_one_line_error(dlfs("verify", dst, check=False), "re-run dlfs pack --in-place")
+
+
+def test_a_missing_tar_is_refused_at_mount(tmp_path: Path) -> None:
+    write_shards(tmp_path / "shards", shards=1, samples=5)
+    tar = tmp_path / "shards" / "shard-000000.tar"
+    dlfs("pack", "--in-place", tar, tmp_path / "dst")
+    tar.rename(tmp_path / "elsewhere.tar")
+    (tmp_path / "mnt").mkdir()
+    result = dlfs("mount", tmp_path / "dst", tmp_path / "mnt", check=False)
+    assert_one_line_error(result, str(tar), "missing")
+
+
+def flip_in_place(path: Path, offset: int) -> None:
+    """Change one byte of a file, leaving its size and mtime as they were."""
+    before = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+@pytest.mark.parametrize("threads", ["4", "0"])
+def test_a_byte_changed_inside_a_member_is_eio(tmp_path: Path, threads: str) -> None:
+    """Through the C threads and through Python alike."""
+    expected = write_shards(tmp_path / "shards", shards=1, samples=10)
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", tmp_path / "shards", dst)
+    victim = "shard-000000/00000003.jpg"
+    tar, offset, size = place_in_tar(dst, victim)
+    flip_in_place(tar, offset + size // 2)
+    with mounted(dst, tmp_path / "mnt", "--native-threads", threads) as mnt:
+        with pytest.raises(OSError) as caught:
+            (mnt / victim).read_bytes()
+        assert caught.value.errno == errno.EIO
+        assert (mnt / "shard-000000/00000004.jpg").read_bytes() == expected["shard-000000/00000004.jpg"]
+    bad = json.loads(dlfs("verify", dst, "--json", check=False).stdout)["bad"]
+    assert [entry["path"].split(" ")[0] for entry in bad] == [victim]
+
+
+def test_a_sparse_member_is_refused_with_in_place(tmp_path: Path) -> None:
+    sparse = tmp_path / "src" / "sparse.bin"
+    sparse.parent.mkdir()
+    with open(sparse, "wb") as f:
+        f.seek(1 << 20)
+        f.write(b"end")
+    archive = tmp_path / "sparse.tar"
+    subprocess.run(
+        ["tar", "--format=gnu", "-S", "-cf", archive, "-C", sparse.parent, "."], check=True, timeout=60
+    )
+    result = dlfs("pack", "--in-place", archive, tmp_path / "dst", check=False)
+    assert_one_line_error(result, "sparse.bin", "sparse", "pack without --in-place")
+    assert not (tmp_path / "dst" / fmt.INDEX_NAME).exists()
+
+
+@pytest.mark.parametrize("kind", ["tar.gz", "tar.zst"])
+def test_a_compressed_tar_is_refused_with_in_place(tree: Path, tmp_path: Path, kind: str) -> None:
+    archive = tmp_path / f"src.{kind}"
+    subprocess.run([arg.format(src=tree, out=archive) for arg in WRITERS[kind]], check=True, timeout=60)
+    result = dlfs("pack", "--in-place", archive, tmp_path / "dst", check=False)
+    assert_one_line_error(result, str(archive), kind, "pack without --in-place")
+
+
+def test_a_folder_with_other_files_than_tars_is_refused_with_in_place(tmp_path: Path) -> None:
+    write_shards(tmp_path / "shards", shards=1, samples=2)
+    (tmp_path / "shards" / "README").write_text("hello")
+    result = dlfs("pack", "--in-place", tmp_path / "shards", tmp_path / "dst", check=False)
+    assert_one_line_error(result, "README", "not a .tar")
+
+
+def test_info_ls_and_verify_name_the_tars(tmp_path: Path) -> None:
+    write_shards(tmp_path / "shards", shards=2, samples=3)
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", tmp_path / "shards", dst)
+    tars = [str(tmp_path / "shards" / f"shard-{s:06d}.tar") for s in range(2)]
+    info = json.loads(dlfs("info", dst, "--json").stdout)
+    assert info["archives"] == tars
+    for output in (dlfs("info", dst).stdout, dlfs("ls", "-l", dst).stdout, dlfs("verify", dst).stdout):
+        assert "served in place from 2 tar(s)" in output and all(tar in output for tar in tars), output
+
+
+def test_shuffled_readers_get_every_byte_from_the_c_threads(tmp_path: Path) -> None:
+    _, train = imagenet_like(tmp_path, files=200, classes=5)
+    dst = tmp_path / "dst"
+    dlfs("pack", "--in-place", "--expand-tars", train, dst)
+    tree = tmp_path / "tree"
+    expected = {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    paths = list(expected)
+    random.Random(7).shuffle(paths)
+    with mounted(dst, tmp_path / "mnt", "--native-threads", "4") as mnt:
+
+        def read(share: list[Path]) -> list[bool]:
+            return [(mnt / path).read_bytes() == expected[path] for path in share]
+
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = [ok for share in pool.map(read, [paths[k::8] for k in range(8)]) for ok in share]
+        native = json.loads((mnt / ".dlfs" / "stats").read_bytes())["native"]
+    assert all(outcomes) and len(outcomes) == len(paths)
+    assert native["answered"]["read"] >= len(paths) // 2, native
