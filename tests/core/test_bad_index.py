@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import stat
 import struct
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,76 @@ COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
 def test_crafted_columns_and_metadata_are_refused(valid: bytes, case: str) -> None:
     change, message = COLUMN_CASES[case]
     arrays, meta = decode(valid)
+    change(arrays, meta)
+    with pytest.raises(DatasetError) as info:
+        load(fmt.encode_index(arrays, meta))
+    text = str(info.value)
+    assert message in text and "re-run dlfs pack" in text and "\n" not in text, text
+
+
+@pytest.fixture(scope="module")
+def valid_in_place(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The bytes of a real in-place index of a tar of ``make_small_tree``."""
+    work = tmp_path_factory.mktemp("bad-in-place-index")
+    tar = work / "src.tar"
+    with tarfile.open(tar, "w") as out:
+        out.add(make_small_tree(work / "src"), arcname=".")
+    pack(tar, work / "dst", PackOptions(progress=False, in_place=True))
+    return (work / "dst" / fmt.INDEX_NAME).read_bytes()
+
+
+def _archive(key: str, value: object) -> Callable[[Arrays, Meta], None]:
+    return lambda arrays, meta: meta["archives"][0].__setitem__(key, value)
+
+
+def _window(field: int, value: object) -> Callable[[Arrays, Meta], None]:
+    return lambda arrays, meta: meta["windows"][0].__setitem__(field, value)
+
+
+def _window_past_its_archive(arrays: Arrays, meta: Meta) -> None:
+    meta["windows"][0][1] = meta["archives"][0]["size"] - meta["shards"][0][1] + 1
+
+
+IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
+    "a relative archive path": (_archive("path", "src.tar"), "names a path not allowed"),
+    "an archive path through '..'": (_archive("path", "/tmp/../etc/passwd"), "names a path not allowed"),
+    "an archive path with '.'": (_archive("path", "/tmp/./src.tar"), "names a path not allowed"),
+    "an archive path with a doubled slash": (_archive("path", "/tmp//src.tar"), "names a path not allowed"),
+    "an archive path starting with two slashes": (
+        _archive("path", "//tmp/src.tar"),
+        "names a path not allowed",
+    ),
+    "an archive path ending with a slash": (_archive("path", "/tmp/src.tar/"), "names a path not allowed"),
+    "an archive path with NUL": (_archive("path", "/tmp/a\x00b.tar"), "names a path not allowed"),
+    "an archive path of 4096 bytes": (_archive("path", "/" + "p" * 4095), "names a path not allowed"),
+    "an archive path that is not text": (_archive("path", 7), "names a path not allowed"),
+    "an archive of negative size": (_archive("size", -1), "malformed"),
+    "an archive without an mtime": (lambda a, m: m["archives"][0].pop("mtime_ns"), "malformed"),
+    "an archive with a field unknown": (_archive("etag", "x"), "malformed"),
+    "an archive named twice": (
+        lambda a, m: m["archives"].append(dict(m["archives"][0])),
+        "names an archive twice",
+    ),
+    "a window of no archive": (_window(0, 1), "names no archive"),
+    "a window before its archive": (_window(1, -1), "outside its archive"),
+    "a window past its archive's end": (_window_past_its_archive, "outside its archive"),
+    "a malformed window": (_window(1, "0"), "window entry 0 is malformed"),
+    "windows fewer than shards": (lambda a, m: m["windows"].clear(), "do not match its shard list"),
+    "no archive table": (lambda a, m: m.pop("archives"), "do not match its shard list"),
+    "a window named as a shard": (
+        lambda a, m: m["shards"][0].__setitem__(0, fmt.shard_name(m["dataset_id"], 0)),
+        "is not named",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(IN_PLACE_CASES))
+def test_crafted_in_place_metadata_is_refused(valid_in_place: bytes, case: str) -> None:
+    """An in-place index names files the daemon opens: only absolute, normalised paths, and
+    windows inside them."""
+    load(valid_in_place)
+    change, message = IN_PLACE_CASES[case]
+    arrays, meta = decode(valid_in_place)
     change(arrays, meta)
     with pytest.raises(DatasetError) as info:
         load(fmt.encode_index(arrays, meta))

@@ -17,6 +17,7 @@ import os
 import random
 import stat
 import struct
+import tarfile
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -81,6 +82,18 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dst
 
 
+@pytest.fixture(scope="module")
+def in_place_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same tree as a tar, indexed in place (``dlfs pack --in-place``): an index whose metadata
+    names the files the daemon opens."""
+    work = tmp_path_factory.mktemp("fuzz-in-place")
+    tar = work / "src.tar"
+    with tarfile.open(tar, "w") as out:
+        out.add(make_tree(work / "src"), arcname=".")
+    pack(tar, work / "dst", PackOptions(progress=False, in_place=True))
+    return work / "dst"
+
+
 @pytest.fixture
 def report(
     request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
@@ -142,6 +155,11 @@ def assert_sound(index: Index) -> None:
                 shard = int(index.shard[child])
                 assert int(index.offset[child]) + int(index.stored[child]) <= index.shard_sizes[shard]
     assert seen.all()
+    windows = zip(index.shard_archive, index.shard_base, strict=True) if index.archives else []
+    for number, (archive, base) in enumerate(windows):
+        owner = index.archives[int(archive)]
+        assert fmt.is_archive_path(owner["path"]) and os.path.isabs(owner["path"])
+        assert 0 <= int(base) <= int(base) + index.shard_sizes[number] <= owner["size"]
 
 
 def flipped(raw: bytes, flips: list[tuple[int, int]]) -> bytes:
@@ -253,10 +271,11 @@ def test_random_bytes_are_a_dataset_error(report: Callable[[str], None]) -> None
     run()
 
 
+@pytest.mark.parametrize("packed", ["dataset", "in_place_dataset"])
 def test_mutated_indexes_load_soundly_or_are_a_dataset_error(
-    dataset: Path, report: Callable[[str], None]
+    packed: str, request: pytest.FixtureRequest, report: Callable[[str], None]
 ) -> None:
-    valid = (dataset / fmt.INDEX_NAME).read_bytes()
+    valid = (request.getfixturevalue(packed) / fmt.INDEX_NAME).read_bytes()
     assert_sound(load(valid))
 
     @FUZZ

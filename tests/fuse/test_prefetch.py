@@ -179,6 +179,20 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
     assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
 
 
+def test_an_in_place_dataset_is_read_ahead_from_its_tar_cold(on_disk: Path, mount) -> None:
+    """``dlfs pack --in-place``: the shards are windows of the tar, which the C loop reads at each
+    window's base, here directly (O_DIRECT) from a tar not in memory, at offsets the base leaves
+    unaligned."""
+    src = _make_classes(on_disk / "src")
+    tar = on_disk / "src.tar"
+    subprocess.run(["tar", "-cf", tar, "-C", src, "."], check=True, timeout=60)
+    dlfs("pack", "--in-place", tar, on_disk / "ds")
+    drop_from_memory(tar)
+    paths, data, after = _epoch_read_ahead(on_disk / "ds", mount)
+    assert data == [(src / path).read_bytes() for path in paths]
+    assert after["prefetch"]["cold_batches"] >= 1, after["prefetch"]
+
+
 WITHOUT_CACHESTAT = [sys.executable, str(Path(__file__).with_name("without_cachestat.py"))]
 
 

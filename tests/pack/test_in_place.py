@@ -281,3 +281,20 @@ def test_shuffled_readers_get_every_byte_from_the_c_threads(tmp_path: Path) -> N
         native = json.loads((mnt / ".dlfs" / "stats").read_bytes())["native"]
     assert all(outcomes) and len(outcomes) == len(paths)
     assert native["answered"]["read"] >= len(paths) // 2, native
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_an_archive_path_that_is_not_a_regular_file_is_refused_at_mount(tmp_path: Path, kind: str) -> None:
+    """The index names files the daemon opens: one that is not a regular file is refused (a FIFO
+    without hanging the mount)."""
+    write_shards(tmp_path / "shards", shards=1, samples=2)
+    tar = tmp_path / "shards" / "shard-000000.tar"
+    dlfs("pack", "--in-place", tar, tmp_path / "dst")
+    tar.unlink()
+    if kind == "fifo":
+        os.mkfifo(tar)
+    else:
+        tar.mkdir()
+    (tmp_path / "mnt").mkdir()
+    result = dlfs("mount", tmp_path / "dst", tmp_path / "mnt", check=False, timeout=60)
+    assert_one_line_error(result, str(tar), "not a regular file")
