@@ -29,7 +29,7 @@ from dlfs.pack.archive.streams import ArchiveStream, reading
 from dlfs.pack.archive.tar import tar_members
 from dlfs.pack.archive.zip import checked_read, zip_members
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
@@ -78,14 +78,7 @@ class Archive:
         ledger = Ledger(spill, self.root)
         writer = _Writer(pool, shards, ledger, options, summary)
         iterator = self._members(options)
-        with tqdm(
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            disable=not options.progress,
-            desc="pack",
-            dynamic_ncols=True,
-        ) as bar:
+        with progress_bar(options) as bar:
             writer.bar = bar
             while True:
                 with reading(self.name, self.kind):
