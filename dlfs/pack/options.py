@@ -10,6 +10,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 
+from tqdm import tqdm
+
 from dlfs.core.errors import PackError
 from dlfs.core.store import StoreOptions
 from dlfs.pack.transform import Transform
@@ -77,6 +79,19 @@ class PackSummary:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def progress_bar(options: PackOptions, total: int | None = None) -> tqdm:
+    """Pack's progress bar over bytes (``total``: None where the bytes to come are not known)."""
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    )
 
 
 def fail_or_skip(message: str, options: PackOptions, summary: PackSummary, path: bytes) -> None:

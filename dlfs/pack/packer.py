@@ -22,8 +22,6 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 
-from tqdm import tqdm
-
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
@@ -33,7 +31,7 @@ from dlfs.pack.archive.in_place import ArchiveWindows, InPlace
 from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
-from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip, progress_bar
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
@@ -155,15 +153,7 @@ def _write_payloads(
     total = summary.source_bytes = tree.file_bytes
     files = (tree.entries(rows) for rows in placement_order(tree, options.order, options.seed))
     reads = shards.reads(pool, files, options)
-    with tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=not options.progress,
-        desc="pack",
-        dynamic_ncols=True,
-    ) as bar:
+    with progress_bar(options, total) as bar:
         for file, slot, outcome in reads:
             row, path, size = file
             try:

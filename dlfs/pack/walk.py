@@ -20,7 +20,7 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
-from dlfs.pack.spill import Spill
+from dlfs.pack.spill import Spill, append_buffers
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +115,7 @@ class Tree:
 
     def flush(self) -> None:
         """Append the buffered rows to the column files."""
-        for name, values in self._rows.items():
-            self.columns[name].extend(values)
-            del values[:]
+        append_buffers((self.columns[name], values) for name, values in self._rows.items())
         self._names_length += len(self._names)
         self._links_length += len(self._links)
         for what, length in (("names", self._names_length), ("symlink targets", self._links_length)):
@@ -126,15 +124,15 @@ class Tree:
                     f"the {what} in the source tree take more than 4 GiB, more than one index holds; "
                     "pack its folders as separate datasets"
                 )
-        for column, buffer in (
-            (self.names, self._names),
-            (self.files, self._files),
-            (self.link_rows, self._link_rows),
-            (self.link_end, self._link_end),
-            (self.links, self._links),
-        ):
-            column.extend(buffer)
-            del buffer[:]
+        append_buffers(
+            (
+                (self.names, self._names),
+                (self.files, self._files),
+                (self.link_rows, self._link_rows),
+                (self.link_end, self._link_end),
+                (self.links, self._links),
+            )
+        )
 
     def entries(self, rows: np.ndarray) -> list[tuple[int, bytes, int]]:
         """``(row, path, size)`` of each row (files, in the order given)."""

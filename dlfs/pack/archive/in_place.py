@@ -30,9 +30,9 @@ from dlfs.core.errors import PackError
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
-from dlfs.pack.archive.source import Archive, advance, progress
+from dlfs.pack.archive.source import Archive, advance
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary
+from dlfs.pack.options import PackOptions, PackSummary, progress_bar
 from dlfs.pack.pipeline import STREAM_CHUNK, Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
@@ -177,7 +177,7 @@ class InPlace:
         ledger = Ledger(spill, self.root)
         summary.archives = len(self.archives)
         folders = len(self.archives) > 1 or Path(self.name).is_dir()
-        with progress(options) as bar:
+        with progress_bar(options) as bar:
             for number, archive in enumerate(self.archives):
                 prefix = b""
                 if folders:  # the tar becomes a folder, as a nested one does with --expand-tars

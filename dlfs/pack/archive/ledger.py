@@ -20,7 +20,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive.members import Member, Refused, show
 from dlfs.pack.pipeline import Payload
-from dlfs.pack.spill import Spill
+from dlfs.pack.spill import Spill, append_buffers
 from dlfs.pack.walk import FLUSH_ROWS
 
 #: Per member: its folder, type and permissions (``stat`` bits; ``members.HARDLINK`` for a hard
@@ -144,9 +144,8 @@ class Ledger:
         return len(self.folders) - 1
 
     def flush(self) -> None:
-        for name, values in self._rows.items():
-            self.columns[name].extend(values)
-            del values[:]
+        """Append the buffered members to the column files."""
+        append_buffers((self.columns[name], values) for name, values in self._rows.items())
         self._names_length += len(self._names)
         self._links_length += len(self._links)
         if max(self._names_length, self._links_length) > fmt.BLOB_MAX:
@@ -154,13 +153,9 @@ class Ledger:
                 "the archive's names or link targets take more than 4 GiB, more than one index holds; "
                 "split it and pack the parts as separate datasets"
             )
-        for column, buffer in (
-            (self.names, self._names),
-            (self.links, self._links),
-            (self.link_end, self._link_end),
-        ):
-            column.extend(buffer)
-            del buffer[:]
+        append_buffers(
+            ((self.names, self._names), (self.links, self._links), (self.link_end, self._link_end))
+        )
 
     def name_of(self, members: np.ndarray) -> list[bytes]:
         """The names (last path component) of ``members``."""

@@ -29,7 +29,7 @@ from dlfs.pack.archive.streams import ArchiveStream, reading
 from dlfs.pack.archive.tar import tar_members
 from dlfs.pack.archive.zip import checked_read, zip_members
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
@@ -45,18 +45,6 @@ def _encode_batch(
 ) -> list[Payload | None]:
     """Encode a batch of members' bytes in one pool task (in a worker process with a transform)."""
     return [None if data is None else encode(data, compress, transform) for data in items]
-
-
-def progress(options: PackOptions) -> tqdm:
-    """The pass's progress bar, in bytes of members (``advance``)."""
-    return tqdm(
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=not options.progress,
-        desc="pack",
-        dynamic_ncols=True,
-    )
 
 
 def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int) -> None:
@@ -114,7 +102,7 @@ class Archive:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
         writer = _Writer(pool, shards, ledger, options, summary)
-        with progress(options) as bar:
+        with progress_bar(options) as bar:
             writer.bar = bar
             self.record(ledger, writer, options, summary)
         return rows.build(ledger, spill, options, summary)

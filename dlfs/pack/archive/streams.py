@@ -25,8 +25,8 @@ from dlfs.core.errors import PackError
 
 #: Bytes sniffed: a tar header's magic sits at 257.
 SNIFF = 512
-#: Bytes read at a time past the end of a tar.
-DRAIN_CHUNK = 1 << 20
+#: Bytes read from a stream at a time (more where a member's data asks for more).
+CHUNK = 1 << 20
 #: Kinds by their first bytes.
 MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -51,30 +51,67 @@ CORRUPT = (
 )
 
 
-class Counted(io.RawIOBase):
-    """A stream that counts the bytes it hands out, and knows whether it reached the end: how a
-    tar that ends without its end-of-archive marker is told from one that has it."""
+class Source:
+    """A forward-only stream read in chunks of CHUNK: what the tar reader parses. Headers and small
+    members are slices of one buffer, a large read goes to the stream whole, so a member costs a few
+    calls whatever its size (``tarfile``'s own stream reads 10 KiB at a time and copies its buffer
+    on every read). ``position`` is the offset of the next byte in the stream."""
 
     def __init__(self, inner: BinaryIO, prefix: bytes = b"") -> None:
         self.inner = inner
-        self.prefix = prefix
+        self.buffer = prefix
+        self.at = 0
         self.position = 0
 
-    def readable(self) -> bool:
-        return True
+    def tell(self) -> int:
+        return self.position
 
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        view = memoryview(buffer).cast("B")
-        if self.prefix:
-            got = min(len(self.prefix), len(view))
-            view[:got] = self.prefix[:got]
-            self.prefix = self.prefix[got:]
-        else:
-            data = self.inner.read(len(view))
-            got = len(data)
-            view[:got] = data
-        self.position += got
-        return got
+    def read(self, count: int = -1) -> bytes:
+        """``count`` bytes (all that are left: -1), fewer only at the end of the stream."""
+        if count < 0:
+            count = 1 << 62
+        held = len(self.buffer) - self.at
+        if held >= count:
+            out = self.buffer[self.at : self.at + count]
+            self.at += count
+            self.position += count
+            return out
+        parts = [self.buffer[self.at :]] if held else []
+        need = count - held
+        self.buffer, self.at = b"", 0
+        while need > 0:
+            chunk = self.inner.read(max(need, CHUNK) if need < CHUNK else need)
+            if not chunk:
+                break
+            if len(chunk) > need:
+                parts.append(chunk[:need])
+                self.buffer, self.at = chunk, need
+                need = 0
+            else:
+                parts.append(chunk)
+                need -= len(chunk)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.position += len(out)
+        return out
+
+    def skip_to(self, offset: int) -> None:
+        """Read on to ``offset`` (or the end of the stream)."""
+        while self.position < offset and self.read(min(offset - self.position, CHUNK)):
+            pass
+
+
+class Bounded:
+    """The next ``size`` bytes of a ``Source``, as a file to read: one member's data."""
+
+    def __init__(self, source: Source, size: int) -> None:
+        self.source = source
+        self.left = size
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.left if count < 0 else min(count, self.left)
+        out = self.source.read(count)
+        self.left -= len(out)
+        return out
 
 
 def _read_exactly(stream: BinaryIO, count: int) -> bytes:
@@ -134,7 +171,7 @@ def reading(source: str, kind: str) -> Iterator[None]:
 
 class ArchiveStream:
     """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
-    bytes as a ``Counted`` stream; a zip is read by path (its directory is at its end)."""
+    bytes as a ``Source``; a zip is read from its file (its directory is at its end)."""
 
     def __init__(self, source: str) -> None:
         self.source = source
@@ -158,7 +195,6 @@ class ArchiveStream:
                         "save it to a file and pack that"
                     )
                 self.kind = "zip"
-                self.stream = Counted(raw)
                 return
             if not compression:
                 raise PackError(
@@ -166,17 +202,15 @@ class ArchiveStream:
                     "(tar, tar.gz, tar.zst, tar.xz, tar.bz2, zip)"
                 )
             self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
-            inner = _decompressed(compression, Counted(raw, head))  # type: ignore[arg-type]
-            if compression != "tar":
-                with reading(self.name, self.kind):
-                    first = _read_exactly(inner, SNIFF)
-                if sniff(first) != "tar":
-                    raise PackError(
-                        f"{self.name} is {compression}-compressed but holds no tar; unpack it first"
-                    )
-                self.stream = Counted(inner, first)
-            else:
-                self.stream = Counted(inner)
+            if compression == "tar":
+                self.stream = Source(raw, head)
+                return
+            inner = _decompressed(compression, _Prefixed(head, raw))
+            with reading(self.name, self.kind):
+                first = _read_exactly(inner, SNIFF)
+            if sniff(first) != "tar":
+                raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
+            self.stream = Source(inner, first)
         except BaseException:
             self.close()
             raise
@@ -185,7 +219,7 @@ class ArchiveStream:
         """Read a tar's stream to its end: a compressed stream's checksum comes last, after the
         padding that follows tar's end-of-archive marker."""
         if self.kind != "zip":
-            while self.stream.read(DRAIN_CHUNK):
+            while self.stream.read(CHUNK):
                 pass
 
     def close(self) -> None:
@@ -194,3 +228,24 @@ class ArchiveStream:
 
 
 _SUFFIX = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zstd": "zst"}
+
+
+class _Prefixed(io.RawIOBase):
+    """The bytes sniffed, then the rest of the stream: what a decompressor reads."""
+
+    def __init__(self, prefix: bytes, inner: BinaryIO) -> None:
+        self.prefix = prefix
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        if self.prefix:
+            got = min(len(self.prefix), len(view))
+            view[:got], self.prefix = self.prefix[:got], self.prefix[got:]
+            return got
+        data = self.inner.read(len(view))
+        view[: len(data)] = data
+        return len(data)

@@ -1,9 +1,15 @@
-"""Tar members, read in one pass over a stream with Python's ``tarfile`` (ustar, GNU, pax; long
-and non-UTF-8 names, pax nanosecond mtimes, base-256 sizes, GNU sparse files).
+"""Tar members, read in one pass over a stream: Python's ``tarfile`` parses the headers (ustar,
+GNU, pax; long and non-UTF-8 names, pax nanosecond mtimes, base-256 sizes, GNU sparse maps), and
+the member bytes are read from the stream directly (``streams.Source``), which costs a few calls a
+member where ``TarFile``'s own member files cost dozens.
 
 With ``expand``, a member ``NAME.tar`` is read as a tar in its turn, on the same pass, and becomes
 the folder ``NAME`` holding its members; its members' offsets are offsets in the outermost
 stream, and they stay contiguous while every tar around them is.
+
+A tar ends with a zero block. A stream that ends before one, or a header cut short, is a truncated
+archive; a damaged header past the first is an error too (``tarfile.TarFile`` stops quietly at
+either, as if the archive had ended there).
 """
 
 from __future__ import annotations
@@ -13,59 +19,120 @@ import os
 import stat
 import tarfile
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import HARDLINK, Member, Refused
-from dlfs.pack.archive.streams import Counted
+from dlfs.pack.archive.streams import Bounded, Source
 
 log = logging.getLogger(__name__)
 
+
+class Readable(Protocol):
+    def read(self, count: int = -1) -> bytes: ...
+
+
 #: A member's data, read as it is consumed; None for members without data.
-Data = BinaryIO | None
+Data = Readable | None
+
+
+class _Headers:
+    """What ``tarfile.TarInfo.fromtarfile`` reads headers through: the stream, where the next
+    header starts (``offset``), the name encoding, and the pax global headers met so far."""
+
+    encoding = "utf-8"
+    errors = "surrogateescape"
+
+    def __init__(self, fileobj: Source) -> None:
+        self.fileobj = fileobj
+        self.offset = 0
+        self.pax_headers: dict[str, str] = {}
 
 
 def tar_members(
-    stream: Counted, name: str, expand: bool, prefix: bytes = b"", base: int = 0, contiguous: bool = True
+    stream: Source, name: str, expand: bool, prefix: bytes = b"", base: int = 0, contiguous: bool = True
 ) -> Iterator[tuple[Member, Data]]:
     """Every member of the tar in ``stream`` (``name`` for messages), its path under ``prefix``,
     each with its data to read before the next is asked for."""
+    headers = _Headers(stream)
+    while True:
+        stream.skip_to(headers.offset)
+        info = _next_header(headers, name)
+        if info is None:
+            return
+        member = _member(info, prefix, base, contiguous and not info.issparse())
+        if member is None:
+            continue
+        data = _data(info, stream) if member.kind == stat.S_IFREG else None
+        if expand and data is not None and not member.problem and member.path.endswith(b".tar"):
+            folder = member.path[: -len(b".tar")]
+            yield members.folder_of(member, folder), None
+            inner = Source(data)  # type: ignore[arg-type]
+            label = f"{name}: {members.show(member.path)}"
+            yield from tar_members(inner, label, expand, folder, member.offset, member.contiguous)
+            continue
+        yield member, data
+
+
+def _next_header(headers: _Headers, name: str) -> tarfile.TarInfo | None:
+    """The next member's header; None at the end-of-archive marker."""
+    at = headers.offset
     try:
-        archive = tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape")
-    except tarfile.ReadError as exc:
-        raise PackError(f"{name} is not a tar ({exc}); pack the file it came in instead") from None
-    with archive:
-        while (info := archive.next()) is not None:
-            archive.members.clear()  # tarfile keeps every member it read; a pass needs none of them
-            member = _member(info, prefix, base, contiguous and not info.issparse())
-            if member is None:
-                continue
-            data = archive.extractfile(info) if info.isreg() else None
-            if expand and data is not None and not member.problem and member.path.endswith(b".tar"):
-                folder = member.path[: -len(b".tar")]
-                yield members.folder_of(member, folder), None
-                inner = Counted(data)  # type: ignore[arg-type]
-                yield from tar_members(
-                    inner,
-                    f"{name}: {members.show(member.path)}",
-                    expand,
-                    folder,
-                    member.offset,
-                    member.contiguous,
-                )
-                continue
-            yield member, data
-        _check_ended(stream, archive.offset, name)
-
-
-def _check_ended(stream: Counted, offset: int, name: str) -> None:
-    """``tarfile`` stops quietly at a header cut short or at the end of the stream; a whole tar
-    ends with a zero block, which it read past ``offset``."""
-    if stream.position < offset + tarfile.BLOCKSIZE:
+        return tarfile.TarInfo.fromtarfile(headers)  # type: ignore[arg-type]
+    except tarfile.EOFHeaderError:
+        return None
+    except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
         raise PackError(
             f"{name} ends without tar's end-of-archive marker: it is cut short (download it again)"
-        )
+        ) from None
+    except tarfile.HeaderError as exc:
+        if at == 0:
+            raise PackError(f"{name} is not a tar ({exc}); pack the file it came in instead") from None
+        raise PackError(f"{name} has a damaged header at byte {at:,} ({exc}); download it again") from None
+
+
+def _data(info: tarfile.TarInfo, stream: Source) -> Readable:
+    """A regular member's bytes: the stream itself, or a sparse file's holes filled in."""
+    if info.sparse is None:
+        return Bounded(stream, info.size)
+    return _Sparse(stream, info.sparse, info.size)
+
+
+class _Sparse:
+    """A GNU sparse member read whole: its stored runs at their offsets, zeros between."""
+
+    def __init__(self, stream: Source, runs: list[tuple[int, int]], size: int) -> None:
+        self.stream = stream
+        self.runs = list(runs)
+        self.size = size
+        self.position = 0
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.size - self.position if count < 0 else min(count, self.size - self.position)
+        parts: list[bytes] = []
+        while count > 0:
+            if self.runs and self.runs[0][0] <= self.position:
+                start, length = self.runs[0]
+                end = start + length
+                take = min(count, end - self.position)
+                data = self.stream.read(take) if take > 0 else b""
+                if take > 0 and len(data) < take:
+                    break  # cut short: the caller sees fewer bytes than asked for
+                parts.append(data)
+                self.position += len(data)
+                count -= len(data)
+                if self.position >= end:
+                    self.runs.pop(0)
+                continue
+            hole_end = self.runs[0][0] if self.runs else self.size
+            take = min(count, hole_end - self.position)
+            if take <= 0:
+                break  # a damaged map (runs out of order): the caller sees a short read
+            parts.append(bytes(take))
+            self.position += take
+            count -= take
+        return b"".join(parts)
 
 
 def _member(info: tarfile.TarInfo, prefix: bytes, base: int, contiguous: bool) -> Member | None:

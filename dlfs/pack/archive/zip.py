@@ -20,7 +20,7 @@ from typing import BinaryIO
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import Member, Refused
-from dlfs.pack.archive.streams import Counted
+from dlfs.pack.archive.streams import Source
 from dlfs.pack.archive.tar import tar_members
 
 #: The most a zip may expand to, as a multiple of its own size. Deflate cannot expand a stream
@@ -73,7 +73,7 @@ def zip_members(
                 folder = member.path[: -len(b".tar")]
                 yield members.folder_of(member, folder), None
                 yield from tar_members(
-                    Counted(data), f"{name}: {info.filename}", True, folder, member.offset, member.contiguous
+                    Source(data), f"{name}: {info.filename}", True, folder, member.offset, member.contiguous
                 )
             else:
                 yield member, data
