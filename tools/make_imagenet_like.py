@@ -14,6 +14,8 @@ import argparse
 import io
 import math
 import os
+import shutil
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -131,6 +133,21 @@ def generate(root: Path, classes: int, files: int, payload: str, seed: int, jobs
         return sum(pool.map(_write_class, jobs_list, chunksize=4))
 
 
+def train_tar(root: Path, out: Path) -> Path:
+    """ImageNet's train tar of the tree at ``root``: a tar of one tar per class folder
+    (``nXXXXXXXX.tar`` of flat JPEGs), as ``ILSVRC2012_img_train.tar`` is laid out."""
+    classes = out.with_name(f".{out.name}.classes")
+    shutil.rmtree(classes, ignore_errors=True)
+    classes.mkdir()
+    try:
+        for folder in sorted(root.iterdir()):
+            subprocess.run(["tar", "-cf", classes / f"{folder.name}.tar", "-C", folder, "."], check=True)
+        subprocess.run(["tar", "-cf", out, "-C", classes, "."], check=True)
+    finally:
+        shutil.rmtree(classes)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("root", type=Path)
@@ -146,9 +163,17 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--train-tar",
+        type=Path,
+        metavar="OUT",
+        help="also write ImageNet's train tar of the tree: a tar of class tars",
+    )
     args = parser.parse_args()
     started = time.monotonic()
     total = generate(args.root, args.classes, args.files, args.payload, args.seed, args.jobs)
+    if args.train_tar:
+        train_tar(args.root, args.train_tar)
     print(
         f"wrote {args.files} files in {args.classes} classes, {total / 1e6:.1f} MB, "
         f"to {args.root} in {time.monotonic() - started:.1f} s"

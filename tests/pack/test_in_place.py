@@ -10,20 +10,26 @@ import io
 import json
 import os
 import random
+import shutil
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, assert_one_line_error, dlfs, mounted, tool
+from conftest import TOOLS, assert_one_line_error, assert_sound, dlfs, mounted, tool
+from hypothesis import given
+from hypothesis import strategies as st
 from test_archive import WRITERS, extract, listing, safe_odd_tree
+from test_archive_fuzz import FUZZ, OUTCOMES, Seeds, archives, mutate, report  # noqa: F401 - fixtures
 
 from dlfs.core import format as fmt
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import PackError
 from dlfs.core.index import Index
+from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
-
-IN_PLACE_WRITERS = {kind: WRITERS[kind] for kind in ("gnu", "pax")}
+from dlfs.pack import PackOptions, pack
 
 
 @pytest.fixture(scope="module")
@@ -58,28 +64,21 @@ def pack_in_place_and_compare(tmp_path: Path, archive: Path, *flags: str) -> Pat
     return dst
 
 
-@pytest.mark.parametrize("kind", list(IN_PLACE_WRITERS))
-def test_a_tar_written_by_gnu_tar_is_served_in_place_as_tar_x_extracts_it(
-    tree: Path, tmp_path: Path, kind: str
-) -> None:
+def write_tar(kind: str, tree: Path, out: Path) -> None:
+    """A tar of ``tree`` as GNU tar writes it in each format, or as Python's ``tarfile`` does;
+    ustar holds neither long names nor large ids: the parts of the tree it can."""
+    if kind == "tarfile":
+        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as archive:
+            archive.add(tree, arcname=".")
+        return
+    names = ["classes", "many", "plain.txt", "empty-dir-0700", "link-to-dir"] if kind == "ustar" else ["."]
+    subprocess.run(["tar", f"--format={kind}", "--numeric-owner", "-cf", out, "-C", tree, *names], check=True)
+
+
+@pytest.mark.parametrize("kind", ["gnu", "pax", "ustar", "tarfile"])
+def test_a_tar_is_served_in_place_as_tar_x_extracts_it(tree: Path, tmp_path: Path, kind: str) -> None:
     archive = tmp_path / "src.tar"
-    subprocess.run([arg.format(src=tree, out=archive) for arg in WRITERS[kind]], check=True, timeout=60)
-    pack_in_place_and_compare(tmp_path, archive)
-
-
-def test_a_ustar_tar_is_served_in_place_as_tar_x_extracts_it(tree: Path, tmp_path: Path) -> None:
-    archive = tmp_path / "src.tar"
-    names = ["classes", "many", "plain.txt", "empty-dir-0700", "link-to-dir"]
-    subprocess.run(["tar", "--format=ustar", "-cf", archive, "-C", tree, *names], check=True, timeout=60)
-    pack_in_place_and_compare(tmp_path, archive)
-
-
-def test_a_tar_written_by_python_tarfile_is_served_in_place_as_tar_x_extracts_it(
-    tree: Path, tmp_path: Path
-) -> None:
-    archive = tmp_path / "src.tar"
-    with tarfile.open(archive, "w", format=tarfile.PAX_FORMAT) as out:
-        out.add(tree, arcname=".")
+    write_tar(kind, tree, archive)
     pack_in_place_and_compare(tmp_path, archive)
 
 
@@ -112,27 +111,11 @@ def test_a_folder_of_webdataset_shards_becomes_a_folder_per_shard(tmp_path: Path
 
 
 def imagenet_like(tmp_path: Path, files: int = 60, classes: int = 4) -> tuple[Path, Path]:
-    """The tree ``tools/make_imagenet_like.py`` makes, and ImageNet's train tar of it: a tar of
-    one tar per class folder."""
-    tree = tmp_path / "tree"
-    tool(
-        TOOLS / "make_imagenet_like.py",
-        tree,
-        "--files",
-        str(files),
-        "--classes",
-        str(classes),
-        "--payload",
-        "tiny",
-    )
-    class_tars = tmp_path / "classes"
-    class_tars.mkdir()
-    for folder in sorted(tree.iterdir()):
-        subprocess.run(
-            ["tar", "-cf", class_tars / f"{folder.name}.tar", "-C", folder, "."], check=True, timeout=60
-        )
-    train = tmp_path / "train.tar"
-    subprocess.run(["tar", "-cf", train, "-C", class_tars, "."], check=True, timeout=60)
+    """The tree ``tools/make_imagenet_like.py`` makes, and ImageNet's train tar of it (a tar of
+    one tar per class folder)."""
+    tree, train = tmp_path / "tree", tmp_path / "train.tar"
+    make = [TOOLS / "make_imagenet_like.py", tree, "--files", str(files), "--classes", str(classes)]
+    tool(*make, "--payload", "tiny", "--train-tar", train)
     return tree, train
 
 
@@ -151,7 +134,6 @@ def test_a_tar_larger_than_a_window_is_cut_into_windows(
 ) -> None:
     """Offsets are 32-bit within a window: a tar past ``WINDOW_MAX`` (4 GiB) takes several, each
     starting at a member (here with the limit lowered to 64 KiB, in process)."""
-    from dlfs.pack import PackOptions, pack
     from dlfs.pack.archive import in_place
 
     monkeypatch.setattr(in_place, "WINDOW_MAX", 64 << 10)
@@ -223,15 +205,14 @@ def test_a_byte_changed_inside_a_member_is_eio(tmp_path: Path, threads: str) -> 
 
 
 def test_a_sparse_member_is_refused_with_in_place(tmp_path: Path) -> None:
-    sparse = tmp_path / "src" / "sparse.bin"
-    sparse.parent.mkdir()
-    with open(sparse, "wb") as f:
-        f.seek(1 << 20)
-        f.write(b"end")
+    """GNU tar stores a file with holes (``-S``) as a sparse member: its bytes as read are not one
+    run of the tar."""
+    (tmp_path / "src").mkdir()
+    with open(tmp_path / "src" / "sparse.bin", "wb") as f:
+        f.write(b"start")
+        f.truncate(1 << 20)
     archive = tmp_path / "sparse.tar"
-    subprocess.run(
-        ["tar", "--format=gnu", "-S", "-cf", archive, "-C", sparse.parent, "."], check=True, timeout=60
-    )
+    subprocess.run(["tar", "-cSf", archive, "--format=gnu", "-C", tmp_path / "src", "."], check=True)
     result = dlfs("pack", "--in-place", archive, tmp_path / "dst", check=False)
     assert_one_line_error(result, "sparse.bin", "sparse", "pack without --in-place")
     assert not (tmp_path / "dst" / fmt.INDEX_NAME).exists()
@@ -298,3 +279,41 @@ def test_an_archive_path_that_is_not_a_regular_file_is_refused_at_mount(tmp_path
     (tmp_path / "mnt").mkdir()
     result = dlfs("mount", tmp_path / "dst", tmp_path / "mnt", check=False, timeout=60)
     assert_one_line_error(result, str(tar), "not a regular file")
+
+
+@pytest.mark.parametrize("name", ["gnu.tar", "tarfile.tar"])
+@FUZZ
+@given(data=st.data())
+def test_a_mutated_tar_indexes_in_place_soundly_or_is_refused_in_one_line(
+    archives: Seeds,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    report: None,  # noqa: F811
+    name: str,
+    data: st.DataObject,
+) -> None:
+    """The archive fuzz (``test_archive_fuzz``) for the in-place pass, which seeks past members'
+    bytes where an ordinary pack reads them: a sound dataset whose every file reads back from the
+    tar, or one ``PackError`` and no index."""
+    work = tmp_path / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    src, dst = work / name, work / "dst"
+    src.write_bytes(mutate(archives[name], data))
+    options = PackOptions(progress=False, in_place=True, expand_tars=data.draw(st.booleans()))
+    try:
+        pack(src, dst, options)
+    except PackError as exc:
+        assert "\n" not in str(exc)
+        assert not (dst / fmt.INDEX_NAME).exists()
+        OUTCOMES["refused"] += 1
+        return
+    index = index_of(dst)
+    store = index.shard_store(LocalStore(dst))
+    try:
+        assert_sound(index)
+        reader = Reader(index, store, PayloadCache(1 << 20))
+        for row in index.regular_rows().tolist():
+            assert len(reader.load(row)) == int(index.size[row])
+    finally:
+        store.close()
+    OUTCOMES["packed"] += 1

@@ -33,13 +33,15 @@ from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.source import Archive, advance
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, progress_bar
-from dlfs.pack.pipeline import STREAM_CHUNK, Payload
+from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
 
 #: What to do instead, in every refusal of a source or member that cannot be served in place.
 INSTEAD = "pack without --in-place, which copies the bytes into shards"
 TAR_SUFFIX = ".tar"
+#: Bytes of a member read and hashed at a time.
+READ_CHUNK = 1 << 20
 #: Most bytes from a window's base to the end of its last member: the 32-bit ``offset`` column's
 #: reach.
 WINDOW_MAX = fmt.SHARD_MAX
@@ -83,10 +85,18 @@ class _Checksums:
     """The in-place pass's ``source.Sink``: each file's checksum and place in its tar."""
 
     def __init__(
-        self, ledger: Ledger, windows: ArchiveWindows, summary: PackSummary, tar: str, number: int, bar: tqdm
+        self,
+        ledger: Ledger,
+        windows: ArchiveWindows,
+        summary: PackSummary,
+        archive: Archive,
+        number: int,
+        bar: tqdm,
     ) -> None:
         self.ledger, self.windows, self.summary = ledger, windows, summary
-        self.tar, self.number = tar, number
+        assert archive.stream.file is not None  # ``InPlace`` takes tars by path only
+        self.tar, self.fd, self.number = archive.name, archive.stream.file.fileno(), number
+        self.buffer = memoryview(bytearray(READ_CHUNK))
         self.bar = bar
         self.started = time.monotonic()
 
@@ -96,19 +106,29 @@ class _Checksums:
                 f"{members.show(member.path)} in {self.tar} is a GNU sparse file, whose bytes do not lie "
                 f"in the tar as they read; {INSTEAD}"
             )
-        hasher = xxhash.xxh3_64()
-        left = member.size
-        while left:
-            chunk = data.read(min(left, STREAM_CHUNK))
-            if not chunk:
-                raise EOFError(f"member {members.show(member.path)} is cut short")
-            hasher.update(chunk)
-            left -= len(chunk)
+        digest = self._checksum(member)
         shard, offset = self.windows.place(self.number, member.offset, member.size)
-        payload = Payload(b"", 0, member.size, hasher.intdigest())
+        payload = Payload(b"", 0, member.size, digest)
         self.ledger.add(member, payload, shard, offset, member.size)
         self.summary.source_bytes += member.size
         advance(self.bar, self.ledger, self.started, member.size)
+
+    def _checksum(self, member: Member) -> int:
+        """The checksum of a member's bytes, read from where they lie in the tar (the pass then
+        seeks past them: ``streams.Source.skip``), into one reused buffer, hashed without a copy."""
+        hasher = xxhash.xxh3_64()
+        at, left = member.offset, member.size
+        while left:
+            view = self.buffer[: min(left, len(self.buffer))]
+            got = os.preadv(self.fd, [view], at)
+            if got == 0:
+                raise PackError(
+                    f"{self.tar} is cut short inside {members.show(member.path)}; download it again"
+                )
+            hasher.update(view[:got])
+            at += got
+            left -= got
+        return hasher.intdigest()
 
     def add(self, member: Member, data: bytes | None) -> None:
         self.ledger.add(member)
@@ -185,7 +205,7 @@ class InPlace:
                     st = self.stats[number]
                     tar = Member(prefix, stat.S_IFREG, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
                     ledger.folder(members.folder_of(tar, prefix))
-                sink = _Checksums(ledger, windows, summary, archive.name, number, bar)
+                sink = _Checksums(ledger, windows, summary, archive, number, bar)
                 archive.record(ledger, sink, options, summary, prefix)
                 self._check_unchanged(number)
         return rows.build(ledger, spill, options, summary)

@@ -62,8 +62,8 @@ class Sink(Protocol):
     in-place pass's checksummer (``in_place``)."""
 
     def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
-        """A regular file, its bytes to read from ``data`` now (``checked``: through a zip's
-        size checks)."""
+        """A regular file, its bytes in ``data``, to read now or leave unread (the pass then
+        skips them); ``checked``: read through a zip's size checks."""
 
     def add(self, member: Member, data: bytes | None) -> None:
         """A symlink or hard link (``data`` None)."""

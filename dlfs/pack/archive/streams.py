@@ -11,6 +11,7 @@ import bz2
 import gzip
 import io
 import lzma
+import os
 import sys
 import tarfile
 import zipfile
@@ -27,6 +28,8 @@ from dlfs.core.errors import PackError
 SNIFF = 512
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
+#: What ``Source`` reads ahead of a header in a member that is a tar.
+MEMBER_AHEAD = 16 << 10
 #: Kinds by their first bytes.
 MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -62,6 +65,10 @@ class Source:
         self.buffer = prefix
         self.at = 0
         self.position = 0
+        #: Bytes read beyond what is asked for: a stream's CHUNK; a member's (a tar inside a tar)
+        #: MEMBER_AHEAD, so that reading a header does not copy the data after it, which the
+        #: reader may skip (``skip``).
+        self.ahead = MEMBER_AHEAD if hasattr(inner, "skip") else CHUNK
 
     def tell(self) -> int:
         return self.position
@@ -80,7 +87,7 @@ class Source:
         need = count - held
         self.buffer, self.at = b"", 0
         while need > 0:
-            chunk = self.inner.read(max(need, CHUNK) if need < CHUNK else need)
+            chunk = self.inner.read(max(need, self.ahead))
             if not chunk:
                 break
             if len(chunk) > need:
@@ -95,9 +102,31 @@ class Source:
         return out
 
     def skip_to(self, offset: int) -> None:
-        """Read on to ``offset`` (or the end of the stream)."""
-        while self.position < offset and self.read(min(offset - self.position, CHUNK)):
-            pass
+        """Go on to ``offset`` (or the end of the stream)."""
+        if offset > self.position:
+            self.skip(offset - self.position)
+
+    def skip(self, count: int) -> None:
+        """Pass over ``count`` bytes: without reading them where the stream can seek (a tar read
+        from its file, or a member of one: ``Bounded``), else by reading them. A seek past the end
+        is noticed by the next read, which finds nothing."""
+        held = len(self.buffer) - self.at
+        if count <= held:
+            self.at += count
+            self.position += count
+            return
+        passing = getattr(self.inner, "skip", None)
+        seekable = getattr(self.inner, "seekable", None)
+        if passing is None and not (seekable is not None and seekable()):
+            while count > 0 and (got := len(self.read(min(count, CHUNK)))):
+                count -= got
+            return
+        self.buffer, self.at = b"", 0
+        if passing is not None:
+            passing(count - held)
+        else:
+            self.inner.seek(count - held, os.SEEK_CUR)
+        self.position += count
 
 
 class Bounded:
@@ -112,6 +141,12 @@ class Bounded:
         out = self.source.read(count)
         self.left -= len(out)
         return out
+
+    def skip(self, count: int) -> None:
+        """Pass over ``count`` of the member's bytes (``Source.skip``)."""
+        count = min(count, self.left)
+        self.source.skip(count)
+        self.left -= count
 
 
 def _read_exactly(stream: BinaryIO, count: int) -> bytes:
