@@ -53,13 +53,14 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
-    if src_path.is_dir() and options.expand_tars:
+    tree = os.fspath(src) != "-" and src_path.is_dir()
+    if tree and options.expand_tars:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
-    if not src_path.is_dir() and options.order != "source":
+    if not tree and options.order != "source":
         raise PackError(
             "an archive's members are laid into shards as they arrive; --order random needs a directory tree"
         )
-    archive = None if src_path.is_dir() else Archive(os.fspath(src))
+    archive = None if tree else Archive(os.fspath(src))
     try:
         if is_s3(dst):
             summary = _pack_to_bucket(src_path, archive, str(dst), options)

@@ -25,9 +25,9 @@ from dlfs.core import format as fmt
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
-from dlfs.pack.archive.streams import ArchiveStream, reading
+from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
-from dlfs.pack.archive.zip import checked_read, zip_members
+from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
@@ -76,7 +76,7 @@ class Archive:
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
-        writer = _Writer(pool, shards, ledger, options, summary)
+        writer = _Writer(self.name, pool, shards, ledger, options, summary)
         iterator = self._members(options)
         with progress_bar(options) as bar:
             writer.bar = bar
@@ -99,7 +99,7 @@ class Archive:
                         ledger.folder(member)
                     elif member.kind == stat.S_IFREG:
                         assert data is not None
-                        writer.add_file(member, data, self.kind == "zip")
+                        writer.add_file(member, data)
                     else:
                         writer.add(member, None)
             writer.finish_pending()
@@ -114,12 +114,14 @@ class _Writer:
 
     def __init__(
         self,
+        name: str,
         pool: Executor,
         shards: InOrderShards,
         ledger: Ledger,
         options: PackOptions,
         summary: PackSummary,
     ) -> None:
+        self.name = name
         self.pool, self.shards, self.ledger = pool, shards, ledger
         self.options, self.summary = options, summary
         self.batch: list[Item] = []
@@ -129,20 +131,13 @@ class _Writer:
         self.bar: tqdm | None = None
         self.started = time.monotonic()
 
-    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+    def add_file(self, member: Member, data: BinaryIO) -> None:
         self.summary.source_bytes += member.size
         if member.size > fmt.WHOLE_PAYLOAD_LIMIT:
             self.finish_pending()
             self._stream(member, data)
             return
-        content = (
-            checked_read(data, member.size, members.show(member.path), "the archive")
-            if checked
-            else data.read(member.size)
-        )
-        if len(content) != member.size:
-            raise EOFError(f"member {members.show(member.path)} is cut short")
-        self.add(member, content)
+        self.add(member, checked_read(data, member.size, members.show(member.path), self.name))
 
     def add(self, member: Member, data: bytes | None) -> None:
         self.batch.append((member, data))

@@ -114,6 +114,17 @@ class Bounded:
         return out
 
 
+def checked_read(data: BinaryIO, size: int, member: str, name: str) -> bytes:
+    """All of a member's bytes, which must be as many as its header says."""
+    out = data.read(size + 1)
+    if len(out) != size:
+        raise PackError(
+            f"{name}: member {member} holds {len(out):,} bytes where the archive says {size:,}; "
+            "it is damaged or cut short (download it again)"
+        )
+    return out
+
+
 def _read_exactly(stream: BinaryIO, count: int) -> bytes:
     chunks = []
     while count > 0:
