@@ -11,8 +11,10 @@ import bz2
 import gzip
 import io
 import lzma
+import queue
 import sys
 import tarfile
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -27,6 +29,8 @@ from dlfs.core.errors import PackError
 SNIFF = 512
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
+#: Chunks read ahead of the pack (``ReadAhead``).
+AHEAD = 16
 #: Kinds by their first bytes.
 MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -98,6 +102,64 @@ class Source:
         """Read on to ``offset`` (or the end of the stream)."""
         while self.position < offset and self.read(min(offset - self.position, CHUNK)):
             pass
+
+
+class ReadAhead:
+    """A stream read by a thread of its own, up to AHEAD chunks of CHUNK ahead of the reader: the
+    disk (and a decompressor, which releases the GIL) work while the pack parses and writes. What
+    the thread meets (the end, an error) reaches the reader in order."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.inner = inner
+        self.chunks: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
+        self.current = b""
+        self.at = 0
+        self.done = False
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dlfs-pack-read", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                chunk = self.inner.read(CHUNK)
+                self._put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, count: int) -> bytes:
+        """Up to ``count`` bytes: what is left of the current chunk, or the next one."""
+        if self.at >= len(self.current):
+            if self.done:
+                return b""
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                self.done = True
+                raise item
+            self.current, self.at = item, 0
+            if not item:
+                self.done = True
+                return b""
+        out = (
+            self.current[self.at : self.at + count] if self.at or count < len(self.current) else self.current
+        )
+        self.at += len(out)
+        return out
+
+    def close(self) -> None:
+        """Stop the thread (it ends after the read it is in: a read from a pipe may wait)."""
+        self.stopping.set()
+        self.thread.join(timeout=1)
 
 
 class Bounded:
@@ -187,6 +249,7 @@ class ArchiveStream:
     def __init__(self, source: str) -> None:
         self.source = source
         self.file: BinaryIO | None = None
+        self.ahead: ReadAhead | None = None
         if source == "-":
             raw: BinaryIO = sys.stdin.buffer
             self.name = "standard input"
@@ -214,14 +277,16 @@ class ArchiveStream:
                 )
             self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
             if compression == "tar":
-                self.stream = Source(raw, head)
+                self.ahead = ReadAhead(raw)
+                self.stream = Source(self.ahead, head)  # type: ignore[arg-type]
                 return
             inner = _decompressed(compression, _Prefixed(head, raw))
             with reading(self.name, self.kind):
                 first = _read_exactly(inner, SNIFF)
             if sniff(first) != "tar":
                 raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
-            self.stream = Source(inner, first)
+            self.ahead = ReadAhead(inner)
+            self.stream = Source(self.ahead, first)  # type: ignore[arg-type]
         except BaseException:
             self.close()
             raise
@@ -234,6 +299,8 @@ class ArchiveStream:
                 pass
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         if self.file is not None:
             self.file.close()
 
