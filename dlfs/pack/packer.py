@@ -54,9 +54,14 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
-    archive = _archive(src_path, dst, options)
-    if archive is None and options.expand_tars:
+    tree = os.fspath(src) != "-" and src_path.is_dir()
+    if tree and options.expand_tars and not options.in_place:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
+    if (options.in_place or not tree) and options.order != "source":
+        raise PackError(
+            "an archive's members are laid into shards as they arrive; --order random needs a directory tree"
+        )
+    archive = _archive(src_path, tree, dst, options)
     try:
         if is_s3(dst):
             summary = _pack_to_bucket(src_path, archive, str(dst), options)
@@ -69,10 +74,12 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     return summary
 
 
-def _archive(src: Path, dst: str | os.PathLike[str], options: PackOptions) -> Archive | InPlace | None:
-    """The archive source opened, or None for a directory tree."""
+def _archive(
+    src: Path, tree: bool, dst: str | os.PathLike[str], options: PackOptions
+) -> Archive | InPlace | None:
+    """The archive source opened, or None for a directory ``tree``."""
     if not options.in_place:
-        return None if src.is_dir() else Archive(os.fspath(src))
+        return None if tree else Archive(os.fspath(src))
     if options.compress or options.transform is not None:
         raise PackError("--in-place serves the tars' own bytes; it takes neither --compress nor --transform")
     if is_s3(dst):

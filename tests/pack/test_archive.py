@@ -232,11 +232,11 @@ def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarIn
     return info
 
 
-def assert_refused(tmp_path: Path, archive: Path, *fragments: str) -> None:
+def assert_refused(tmp_path: Path, archive: Path, *fragments: str, flags: tuple[str, ...] = ()) -> None:
     """One line, and no dataset published, nothing written beside it."""
     before = set(tmp_path.iterdir())
     dst = tmp_path / "dst"
-    assert_one_line_error(dlfs("pack", archive, dst, check=False), *fragments)
+    assert_one_line_error(dlfs("pack", archive, dst, *flags, check=False), *fragments)
     assert not (dst / fmt.INDEX_NAME).exists()
     assert list(dst.iterdir()) == [] if dst.exists() else True
     assert set(tmp_path.iterdir()) - before <= {dst}
@@ -465,3 +465,9 @@ def test_pax_mtimes_are_kept_to_the_nanosecond() -> None:
         out.addfile(info, io.BytesIO(b""))
     [(member, _)] = read_members(buffer.getvalue())
     assert member.mtime_ns == 1_600_000_000_123_456_789
+
+
+def test_random_placement_of_an_archive_is_refused(tmp_path: Path) -> None:
+    """An archive is read once, in its own order: its members cannot be laid out at random."""
+    archive = write_tar(tmp_path / "a.tar", [("a", b"a")])
+    assert_refused(tmp_path, archive, "--order random needs a directory tree", flags=("--order", "random"))

@@ -100,7 +100,7 @@ class _Checksums:
         self.bar = bar
         self.started = time.monotonic()
 
-    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+    def add_file(self, member: Member, data: BinaryIO) -> None:
         if not member.contiguous:
             raise PackError(
                 f"{members.show(member.path)} in {self.tar} is a GNU sparse file, whose bytes do not lie "
@@ -175,7 +175,7 @@ class InPlace:
             self.root = self.archives[0].root
 
     def _open(self, tar: str) -> None:
-        archive = Archive(tar)
+        archive = Archive(tar, read_ahead=False)
         self.archives.append(archive)
         if archive.kind != "tar":
             raise PackError(f"{tar} is a {archive.kind}, whose members cannot be read in place; {INSTEAD}")

@@ -25,9 +25,9 @@ from dlfs.core import format as fmt
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
-from dlfs.pack.archive.streams import ArchiveStream, reading
+from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
-from dlfs.pack.archive.zip import checked_read, zip_members
+from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
@@ -61,9 +61,9 @@ class Sink(Protocol):
     """Where ``Archive.record`` hands members that are not folders: a writer into shards, or the
     in-place pass's checksummer (``in_place``)."""
 
-    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+    def add_file(self, member: Member, data: BinaryIO) -> None:
         """A regular file, its bytes in ``data``, to read now or leave unread (the pass then
-        skips them); ``checked``: read through a zip's size checks."""
+        skips them)."""
 
     def add(self, member: Member, data: bytes | None) -> None:
         """A symlink or hard link (``data`` None)."""
@@ -75,8 +75,9 @@ class Sink(Protocol):
 class Archive:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
-    def __init__(self, source: str) -> None:
-        self.stream = ArchiveStream(source)
+    def __init__(self, source: str, read_ahead: bool = True) -> None:
+        """``read_ahead``: see ``ArchiveStream``."""
+        self.stream = ArchiveStream(source, read_ahead)
         self.kind = self.stream.kind
         self.name = self.stream.name
         if self.stream.file is not None:
@@ -101,7 +102,7 @@ class Archive:
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
-        writer = _Writer(pool, shards, ledger, options, summary)
+        writer = _Writer(self.name, pool, shards, ledger, options, summary)
         with progress_bar(options) as bar:
             writer.bar = bar
             self.record(ledger, writer, options, summary)
@@ -132,7 +133,7 @@ class Archive:
                     ledger.folder(member)
                 elif member.kind == stat.S_IFREG:
                     assert data is not None
-                    sink.add_file(member, data, self.kind == "zip")
+                    sink.add_file(member, data)
                 else:
                     sink.add(member, None)
         sink.finish_pending()
@@ -146,12 +147,14 @@ class _Writer:
 
     def __init__(
         self,
+        name: str,
         pool: Executor,
         shards: InOrderShards,
         ledger: Ledger,
         options: PackOptions,
         summary: PackSummary,
     ) -> None:
+        self.name = name
         self.pool, self.shards, self.ledger = pool, shards, ledger
         self.options, self.summary = options, summary
         self.batch: list[Item] = []
@@ -161,20 +164,13 @@ class _Writer:
         self.bar: tqdm | None = None
         self.started = time.monotonic()
 
-    def add_file(self, member: Member, data: BinaryIO, checked: bool) -> None:
+    def add_file(self, member: Member, data: BinaryIO) -> None:
         self.summary.source_bytes += member.size
         if member.size > fmt.WHOLE_PAYLOAD_LIMIT:
             self.finish_pending()
             self._stream(member, data)
             return
-        content = (
-            checked_read(data, member.size, members.show(member.path), "the archive")
-            if checked
-            else data.read(member.size)
-        )
-        if len(content) != member.size:
-            raise EOFError(f"member {members.show(member.path)} is cut short")
-        self.add(member, content)
+        self.add(member, checked_read(data, member.size, members.show(member.path), self.name))
 
     def add(self, member: Member, data: bytes | None) -> None:
         self.batch.append((member, data))

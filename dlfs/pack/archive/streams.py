@@ -12,8 +12,10 @@ import gzip
 import io
 import lzma
 import os
+import queue
 import sys
 import tarfile
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -30,6 +32,8 @@ SNIFF = 512
 CHUNK = 1 << 20
 #: What ``Source`` reads ahead of a header in a member that is a tar.
 MEMBER_AHEAD = 16 << 10
+#: Chunks read ahead of the pack (``ReadAhead``).
+AHEAD = 16
 #: Kinds by their first bytes.
 MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -129,6 +133,64 @@ class Source:
         self.position += count
 
 
+class ReadAhead:
+    """A stream read by a thread of its own, up to AHEAD chunks of CHUNK ahead of the reader: the
+    disk (and a decompressor, which releases the GIL) work while the pack parses and writes. What
+    the thread meets (the end, an error) reaches the reader in order."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.inner = inner
+        self.chunks: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
+        self.current = b""
+        self.at = 0
+        self.done = False
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dlfs-pack-read", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                chunk = self.inner.read(CHUNK)
+                self._put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, count: int) -> bytes:
+        """Up to ``count`` bytes: what is left of the current chunk, or the next one."""
+        if self.at >= len(self.current):
+            if self.done:
+                return b""
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                self.done = True
+                raise item
+            self.current, self.at = item, 0
+            if not item:
+                self.done = True
+                return b""
+        out = (
+            self.current[self.at : self.at + count] if self.at or count < len(self.current) else self.current
+        )
+        self.at += len(out)
+        return out
+
+    def close(self) -> None:
+        """Stop the thread (it ends after the read it is in: a read from a pipe may wait)."""
+        self.stopping.set()
+        self.thread.join(timeout=1)
+
+
 class Bounded:
     """The next ``size`` bytes of a ``Source``, as a file to read: one member's data."""
 
@@ -147,6 +209,17 @@ class Bounded:
         count = min(count, self.left)
         self.source.skip(count)
         self.left -= count
+
+
+def checked_read(data: BinaryIO, size: int, member: str, name: str) -> bytes:
+    """All of a member's bytes, which must be as many as its header says."""
+    out = data.read(size + 1)
+    if len(out) != size:
+        raise PackError(
+            f"{name}: member {member} holds {len(out):,} bytes where the archive says {size:,}; "
+            "it is damaged or cut short (download it again)"
+        )
+    return out
 
 
 def _read_exactly(stream: BinaryIO, count: int) -> bytes:
@@ -208,9 +281,13 @@ class ArchiveStream:
     """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
     bytes as a ``Source``; a zip is read from its file (its directory is at its end)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, read_ahead: bool = True) -> None:
+        """``read_ahead``: read the tar in a thread of its own (``ReadAhead``); without, a plain
+        tar's stream is its file, which ``Source.skip`` seeks past bytes the pass does not read
+        (the in-place pass reads them itself, where they lie)."""
         self.source = source
         self.file: BinaryIO | None = None
+        self.ahead: ReadAhead | None = None
         if source == "-":
             raw: BinaryIO = sys.stdin.buffer
             self.name = "standard input"
@@ -238,14 +315,19 @@ class ArchiveStream:
                 )
             self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
             if compression == "tar":
-                self.stream = Source(raw, head)
+                if not read_ahead:
+                    self.stream = Source(raw, head)
+                    return
+                self.ahead = ReadAhead(raw)
+                self.stream = Source(self.ahead, head)  # type: ignore[arg-type]
                 return
             inner = _decompressed(compression, _Prefixed(head, raw))
             with reading(self.name, self.kind):
                 first = _read_exactly(inner, SNIFF)
             if sniff(first) != "tar":
                 raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
-            self.stream = Source(inner, first)
+            self.ahead = ReadAhead(inner)
+            self.stream = Source(self.ahead, first)  # type: ignore[arg-type]
         except BaseException:
             self.close()
             raise
@@ -258,6 +340,8 @@ class ArchiveStream:
                 pass
 
     def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
         if self.file is not None:
             self.file.close()
 

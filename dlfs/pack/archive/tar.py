@@ -88,7 +88,9 @@ def _next_header(headers: _Headers, name: str) -> tarfile.TarInfo | None:
         ) from None
     except tarfile.HeaderError as exc:
         if at == 0:
-            raise PackError(f"{name} is not a tar ({exc}); pack the file it came in instead") from None
+            raise PackError(
+                f"{name} is not a tar ({exc}); pack without --expand-tars to keep it a file"
+            ) from None
         raise PackError(f"{name} has a damaged header at byte {at:,} ({exc}); download it again") from None
 
 

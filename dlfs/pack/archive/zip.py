@@ -20,7 +20,7 @@ from typing import BinaryIO
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import Member, Refused
-from dlfs.pack.archive.streams import Source
+from dlfs.pack.archive.streams import Source, checked_read
 from dlfs.pack.archive.tar import tar_members
 
 #: The most a zip may expand to, as a multiple of its own size. Deflate cannot expand a stream
@@ -77,16 +77,6 @@ def zip_members(
                 )
             else:
                 yield member, data
-
-
-def checked_read(data: BinaryIO, size: int, member: str, name: str) -> bytes:
-    """All of a member's bytes, which must be as many as its directory entry says."""
-    out = data.read(size + 1)
-    if len(out) != size:
-        raise PackError(
-            f"{name}: member {member} holds {len(out)} bytes where the zip says {size}; it is damaged"
-        )
-    return out
 
 
 def _check_sizes(infos: list[zipfile.ZipInfo], file: BinaryIO, name: str) -> None:
