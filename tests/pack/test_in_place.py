@@ -317,3 +317,15 @@ def test_a_mutated_tar_indexes_in_place_soundly_or_is_refused_in_one_line(
     finally:
         store.close()
     OUTCOMES["packed"] += 1
+
+
+def test_a_folder_of_more_tars_than_the_open_files_limit_mounts(tmp_path: Path) -> None:
+    """Thousands of WebDataset shards are common where 1,024 open files is the default soft limit:
+    pack opens one tar at a time, and the mount raises its soft limit to the hard one."""
+    expected = write_shards(tmp_path / "shards", shards=80, samples=2)
+    dst = tmp_path / "dst"
+    low = ["prlimit", "--nofile=64:4096"]
+    dlfs("pack", "--in-place", tmp_path / "shards", dst, launcher=low)
+    with mounted(dst, tmp_path / "mnt", launcher=low) as mnt:
+        got = {str(p.relative_to(mnt)): p.read_bytes() for p in mnt.rglob("*") if p.is_file()}
+    assert got == expected

@@ -18,6 +18,7 @@ rights, regular files an index names, and learns whether their size and mtime ma
 from __future__ import annotations
 
 import os
+import resource
 import stat
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,22 @@ def open_archive(archive: dict[str, Any]) -> int:
     return fd
 
 
+def allow_descriptors(more: int) -> None:
+    """Let this process open ``more`` files beyond those it has: the soft limit is raised to the
+    hard one where it is too low (1,024 is a common default, and a folder of WebDataset shards can
+    hold thousands of tars), or ``ShardError`` says what to raise."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = len(os.listdir("/proc/self/fd")) + more
+    if wanted <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and wanted > hard:
+        raise ShardError(
+            f"this in-place dataset needs {wanted:,} open files, more than this process may open ({hard:,}); "
+            "raise the limit (ulimit -n) or pack the tars without --in-place"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else hard, hard))
+
+
 class ArchiveStore(LocalStore):
     """The windows of an in-place dataset's archives, read like a directory's shards (``LocalStore``)
     at the window's base. Read-only."""
@@ -78,6 +95,8 @@ class ArchiveStore(LocalStore):
         self.writes_in_place = False
         self._paths = [archive["path"] for archive in archives]
         self._checked: list[int] = []
+        # Each archive's checked descriptor, and each window's through the page cache and direct.
+        allow_descriptors(len(archives) + 2 * len(windows))
         try:
             for archive in archives:
                 self._checked.append(open_archive(archive))

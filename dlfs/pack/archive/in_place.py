@@ -138,54 +138,39 @@ class _Checksums:
 
 
 class InPlace:
-    """The tars of an in-place pack, opened; ``pack`` indexes them in one pass each."""
+    """The tars of an in-place pack; ``pack`` indexes them one after another, each in one pass
+    with only its own file open (a folder of WebDataset shards may hold thousands)."""
 
     def __init__(self, source: str) -> None:
         path = Path(source)
-        if path.is_dir():
-            self.name, self.kind = source, "tar folder"
-            found = sorted(os.scandir(path), key=lambda entry: os.fsencode(entry.name))
-            for entry in found:
-                if not (entry.name.endswith(TAR_SUFFIX) and entry.is_file()):
-                    raise PackError(
-                        f"{source} holds {entry.name}, which is not a .tar file; --in-place takes a tar or "
-                        "a folder of .tar files (WebDataset shards)"
-                    )
-            tars = [entry.path for entry in found]
-            if not tars:
-                raise PackError(f"{source} holds no .tar files; --in-place takes a tar or a folder of them")
-            st = path.stat()
-        else:
-            self.name, self.kind = source, "tar"
-            tars = [source]
-        self.archives: list[Archive] = []
+        self.name = source
+        self.folder = path.is_dir()
+        self.kind = "tar folder" if self.folder else "tar"
+        self.tars = _tars_in(path) if self.folder else [source]
+        #: What the index records of each tar, as each is opened (``ArchiveWindows.meta``).
         self.identities: list[dict[str, Any]] = []
-        self.stats: list[os.stat_result] = []
-        try:
-            for tar in tars:
-                self._open(tar)
-        except BaseException:
-            self.close()
-            raise
-        if path.is_dir():
+        if self.folder:
+            st = path.stat()
             self.root = Folder(
                 fmt.ROOT_ROW, b"", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
             )
         else:
-            self.root = self.archives[0].root
+            first = self._open(source)
+            self.root = first.root
+            first.close()
 
-    def _open(self, tar: str) -> None:
+    def _open(self, tar: str) -> Archive:
+        """The tar opened, or a one-line refusal of what cannot be served in place."""
         archive = Archive(tar, read_ahead=False)
-        self.archives.append(archive)
+        problem = ""
         if archive.kind != "tar":
-            raise PackError(f"{tar} is a {archive.kind}, whose members cannot be read in place; {INSTEAD}")
-        if archive.stream.file is None:
-            raise PackError(
-                f"--in-place serves members from the tar's file, and {archive.name} is none; {INSTEAD}"
-            )
-        st = os.fstat(archive.stream.file.fileno())
-        self.stats.append(st)
-        self.identities.append({"path": os.path.abspath(tar), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+            problem = f"{archive.name} is a {archive.kind}, whose members cannot be read in place"
+        elif archive.stream.file is None:
+            problem = f"{archive.name} is not a file that a mount could read members from"
+        if problem:
+            archive.close()
+            raise PackError(f"{problem}; {INSTEAD}")
+        return archive
 
     def windows(self, dataset_id: str) -> ArchiveWindows:
         return ArchiveWindows(dataset_id, self.identities)
@@ -195,30 +180,60 @@ class InPlace:
     ) -> tuple[Tree, Placed]:
         """Record every member of every tar, and where its bytes lie; the tree and placements."""
         ledger = Ledger(spill, self.root)
-        summary.archives = len(self.archives)
-        folders = len(self.archives) > 1 or Path(self.name).is_dir()
+        summary.archives = len(self.tars)
         with progress_bar(options) as bar:
-            for number, archive in enumerate(self.archives):
-                prefix = b""
-                if folders:  # the tar becomes a folder, as a nested one does with --expand-tars
-                    prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
-                    st = self.stats[number]
-                    tar = Member(prefix, stat.S_IFREG, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
-                    ledger.folder(members.folder_of(tar, prefix))
-                sink = _Checksums(ledger, windows, summary, archive, number, bar)
-                archive.record(ledger, sink, options, summary, prefix)
-                self._check_unchanged(number)
+            for number, tar in enumerate(self.tars):
+                archive = self._open(tar)
+                try:
+                    self._index(archive, number, ledger, windows, options, summary, bar)
+                finally:
+                    archive.close()
         return rows.build(ledger, spill, options, summary)
 
-    def _check_unchanged(self, number: int) -> None:
-        """The tar read is the tar recorded: a tar changed while it was read would be refused by
-        every mount."""
-        archive, before = self.archives[number], self.stats[number]
+    def _index(
+        self,
+        archive: Archive,
+        number: int,
+        ledger: Ledger,
+        windows: ArchiveWindows,
+        options: PackOptions,
+        summary: PackSummary,
+        bar: tqdm,
+    ) -> None:
+        """Record one tar's members and identity; refuse a tar that changed while it was read,
+        which every mount would refuse."""
         assert archive.stream.file is not None
-        st = os.fstat(archive.stream.file.fileno())
-        if (st.st_size, st.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        before = os.fstat(archive.stream.file.fileno())
+        self.identities.append(
+            {"path": os.path.abspath(archive.name), "size": before.st_size, "mtime_ns": before.st_mtime_ns}
+        )
+        prefix = b""
+        if self.folder:  # the tar becomes a folder, as a nested one does with --expand-tars
+            prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
+            tar = Member(
+                prefix, stat.S_IFREG, before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns
+            )
+            ledger.folder(members.folder_of(tar, prefix))
+        archive.record(
+            ledger, _Checksums(ledger, windows, summary, archive, number, bar), options, summary, prefix
+        )
+        after = os.fstat(archive.stream.file.fileno())
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
 
     def close(self) -> None:
-        for archive in self.archives:
-            archive.close()
+        """Nothing is held open between tars."""
+
+
+def _tars_in(folder: Path) -> list[str]:
+    """The ``.tar`` files of a folder of WebDataset shards, by name; anything else is refused."""
+    found = sorted(os.scandir(folder), key=lambda entry: os.fsencode(entry.name))
+    for entry in found:
+        if not (entry.name.endswith(TAR_SUFFIX) and entry.is_file()):
+            raise PackError(
+                f"{folder} holds {entry.name}, which is not a .tar file; --in-place takes a tar or a folder "
+                "of .tar files (WebDataset shards)"
+            )
+    if not found:
+        raise PackError(f"{folder} holds no .tar files; --in-place takes a tar or a folder of them")
+    return [entry.path for entry in found]
