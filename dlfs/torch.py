@@ -157,8 +157,8 @@ class ShuffleSampler(Sampler[int]):
         self.fileset = FileSet(np.sort(positions))
         self.digest = self.fileset.digest
         self._announce()
-        if distributed:
-            _agree(self._terms(), self.mount)
+        if distributed and num_replicas == dist.get_world_size():
+            _agree(self._terms(), rank, self.mount)
         self._cached: tuple[int, list[int]] | None = None
 
     def _terms(self) -> dict[str, object]:
@@ -223,14 +223,22 @@ class ShuffleSampler(Sampler[int]):
         return count // self.num_replicas if self.drop_last else -(-count // self.num_replicas)
 
 
-def _agree(terms: dict[str, object], mount: Path) -> None:
-    """Compare ``terms`` across the ranks of ``torch.distributed``'s default group; every rank
-    raises the same ``OrderMismatchError`` when any of them differs, naming it and the ranks."""
-    mine = {"terms": terms, "where": f"{socket.gethostname()}:{mount}"}
+def _agree(terms: dict[str, object], share: int, mount: Path) -> None:
+    """Compare ``terms`` across the processes of ``torch.distributed``'s default group, and check
+    that each reads its own share; every process raises the same ``OrderMismatchError`` when any
+    of them differs, naming it and the ranks.
+
+    Only samplers that span the whole group compare (``num_replicas`` is its size): one made for a
+    single process (a validation pass on rank 0) would wait for the others forever."""
+    mine = {"terms": terms, "share": share, "where": f"{socket.gethostname()}:{mount}"}
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     first = everyone[0]
     problems = []
+    shares = [got["share"] for got in everyone]
+    for repeated in sorted({k for k in shares if shares.count(k) > 1}):
+        ranks = [str(rank) for rank, k in enumerate(shares) if k == repeated]
+        problems.append(f"ranks {', '.join(ranks)} all read share {repeated} (rank= given twice)")
     for name, value in first["terms"].items():
         others = [(rank, got["terms"][name], got["where"]) for rank, got in enumerate(everyone)]
         differing = [f"{other!r} on rank {rank} ({where})" for rank, other, where in others if other != value]

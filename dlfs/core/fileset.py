@@ -21,6 +21,7 @@ content: the file count) and order files named ``….set-DIGEST`` follow the set
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 import zlib
@@ -41,6 +42,10 @@ _CHUNK_NAME = re.compile(
 _DIGEST = re.compile(rb"[0-9a-f]{%d}" % DIGEST_CHARS)
 
 
+def _digest(runs: bytes) -> str:
+    return hashlib.blake2b(runs, digest_size=DIGEST_CHARS // 2).hexdigest()
+
+
 class BadFileSetError(ValueError):
     """A description that does not decode to sorted distinct positions of the mount's files."""
 
@@ -51,7 +56,7 @@ class FileSet:
 
     positions: np.ndarray
 
-    @property
+    @functools.cached_property
     def runs(self) -> bytes:
         """``start, length, gap, length, …`` as little-endian uint64: the description, uncompressed."""
         positions = self.positions
@@ -66,9 +71,9 @@ class FileSet:
         values[1::2] = ends - starts
         return values.tobytes()
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        return hashlib.blake2b(self.runs, digest_size=DIGEST_CHARS // 2).hexdigest()
+        return _digest(self.runs)
 
     def announcements(self) -> list[str]:
         """The names to look up in ``.dlfs/set`` that hand this set to the mount, in order."""
@@ -95,9 +100,10 @@ class FileSet:
         return cls(starts[run_of] + np.arange(run_of.size) - firsts[run_of])
 
     @classmethod
-    def decode(cls, text: bytes, count: int) -> FileSet:
-        """The set a complete announcement's base64 text describes, the mount holding ``count``
-        files; inflating stops past what any set of them can take."""
+    def decode(cls, text: bytes, count: int, digest: str) -> FileSet:
+        """The set a complete announcement's base64 text describes, checked against its
+        ``digest``, the mount holding ``count`` files; inflating stops past what any set of them
+        can take."""
         try:
             packed = base64.urlsafe_b64decode(text + b"=" * (-len(text) % 4))
             inflater = zlib.decompressobj()
@@ -106,6 +112,8 @@ class FileSet:
             raise BadFileSetError(f"undecodable description: {exc}") from exc
         if inflater.unconsumed_tail or not inflater.eof:
             raise BadFileSetError("the description is longer than any set of the mount's files")
+        if _digest(runs) != digest:
+            raise BadFileSetError("the description does not match its digest")
         return cls.from_runs(runs, count)
 
 
@@ -147,10 +155,8 @@ class Announced:
             return None
         del self._partial[digest]
         try:
-            found = FileSet.decode(b"".join(chunks[j] for j in range(n)), self.count)
+            found = FileSet.decode(b"".join(chunks[j] for j in range(n)), self.count, digest)
         except BadFileSetError:
-            return None
-        if found.digest != digest:
             return None
         self._complete[digest] = found
         while len(self._complete) > KEEP_SETS:

@@ -1,7 +1,8 @@
 """One rank of a ``torch.distributed`` job (gloo, on 127.0.0.1) that makes a ShuffleSampler.
 
 Run as ``python ddp_rank.py SPEC.json RANK``; the spec gives the port, the world size, each rank's
-dataset folder (on the mount standing for its node) and ``seed`` (None: the mount's). Prints one
+dataset folder (on the mount standing for its node), ``seed`` (None: the mount's) and, if given,
+each rank's ``shares`` (the sampler's ``rank=``; by default the process's own). Prints one
 JSON line: the rank's indices for epoch 0, or the ``OrderMismatchError`` it raised.
 """
 
@@ -30,7 +31,8 @@ def main() -> None:
     try:
         dataset = datasets.ImageFolder(spec["roots"][rank])
         try:
-            sampler = ShuffleSampler(dataset, seed=spec["seed"])
+            share = spec["shares"][rank] if spec.get("shares") else None
+            sampler = ShuffleSampler(dataset, rank=share, seed=spec["seed"])
         except OrderMismatchError as exc:
             print(json.dumps({"error": str(exc)}))
             return

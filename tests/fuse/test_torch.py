@@ -214,11 +214,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run_ranks(spec_path: Path, roots: list[Path], seed: int | None) -> list[dict]:
+def _run_ranks(
+    spec_path: Path, roots: list[Path], seed: int | None, shares: list[int] | None = None
+) -> list[dict]:
     """One real process per rank (``ddp_rank.py``), joined by gloo over loopback; their results."""
-    spec_path.write_text(
-        json.dumps({"port": _free_port(), "world": len(roots), "roots": list(map(str, roots)), "seed": seed})
-    )
+    spec = {"port": _free_port(), "world": len(roots), "roots": list(map(str, roots)), "seed": seed}
+    spec_path.write_text(json.dumps({**spec, "shares": shares}))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     processes = [
         subprocess.Popen(
@@ -255,6 +256,15 @@ def test_nodes_mounted_with_different_seeds_fail_with_one_clear_error(
     assert "seed is 0 on rank 0" in message and "1 on rank 1" in message and str(node1) in message
     for agreed in ("dataset id", "file set", "order mode", "world size", "drop_last"):
         assert agreed not in message
+
+
+def test_two_processes_given_the_same_rank_fail_with_one_clear_error(
+    train_and_val: Path, mount, tmp_path: Path
+) -> None:
+    with mount(train_and_val) as mnt:
+        results = _run_ranks(tmp_path / "spec.json", [Path(mnt) / "val"] * 2, None, shares=[0, 0])
+    assert [set(result) for result in results] == [{"error"}, {"error"}]
+    assert "ranks 0, 1 all read share 0" in results[0]["error"]
 
 
 def test_ranks_on_two_nodes_with_one_seed_split_the_dataset_exactly(
