@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Base64 characters of the description in one announcing name (names are at most 255 bytes).
-CHUNK = 200
+#: Base64 characters of the description in one announcing name: with the digest and two chunk
+#: numbers of up to 9 digits, a name stays within the kernel's 255 bytes.
+CHUNK = 190
 #: Complete sets, and sets still being announced, kept at once; the oldest is forgotten (the
 #: sampler announces its set again when an order file names one the mount no longer knows).
 KEEP_SETS = 16
