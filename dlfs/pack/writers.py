@@ -63,12 +63,15 @@ class ShardSet(ABC):
         """Commit every shard; (name, length) of each, in shard order."""
 
     def abort(self) -> None:
-        """Drop every shard this pack created, so a failed pack leaves none behind."""
+        """Drop every shard this pack created, so a failed pack leaves none behind: the open ones'
+        uploads aborted, the written ones deleted, and any upload a writer that never got into
+        ``open`` started (an interruption between the two) aborted with the store's."""
         for writer in self.open:
             writer.abort()
         self.open = []
         for name in self.created:
             self.store.delete(name)
+        self.store.abort_uploads()
 
 
 class InOrderShards(ShardSet):

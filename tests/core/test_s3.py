@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SHARD, assert_one_line_error, dlfs
+from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, wait_until
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
@@ -401,3 +403,89 @@ def test_temporary_credentials_are_renewed_while_the_store_is_in_use(
     for _ in range(3):
         assert store.read(fmt.INDEX_NAME, 0, 8) == fmt.INDEX_MAGIC
     assert len(calls.read_text().splitlines()) >= 3
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Incompressible files enough for three shards of ``INTERRUPTED_SHARD``, each uploaded in a few
+    parts: a pack of it takes long enough to be interrupted at every stage."""
+    root = tmp_path_factory.mktemp("big")
+    for folder in range(4):
+        (root / f"class{folder}").mkdir()
+        for number in range(12):
+            (root / f"class{folder}" / f"{number}.bin").write_bytes(os.urandom(2 << 20))
+    return root
+
+
+INTERRUPTED_SHARD = 40 << 20
+
+
+def _progress_events(process: subprocess.Popen[bytes], events: list[int]) -> None:
+    """Count the progress bar's refreshes on ``process``'s stderr (each begins with a CR)."""
+    assert process.stderr is not None
+    while chunk := process.stderr.read1(4096):  # type: ignore[attr-defined]
+        events[0] += chunk.count(b"\r")
+
+
+def _parts_stored(server: SeaweedServer, url: str) -> bool:
+    """Has an open upload under ``url`` stored a part? (One may complete between the two asks.)"""
+    bucket, prefix = split(url)
+    client = server.client()
+    uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads", [])
+    try:
+        return any(
+            client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts")
+            for upload in uploads
+        )
+    except client.exceptions.NoSuchUpload:
+        return False
+
+
+#: Moments of a pack into S3, each as a condition seen from outside the packing process.
+MOMENTS: dict[str, Callable[[SeaweedServer, str, list[int]], bool]] = {
+    "after 3 progress events": lambda server, url, events: events[0] >= 3,
+    "an upload open": lambda server, url, events: bool(open_uploads(server, url)),
+    "a part stored": lambda server, url, events: _parts_stored(server, url),
+    "a shard written": lambda server, url, events: bool(objects(server, url)),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("moment", "signals"),
+    [
+        ("after 3 progress events", [signal.SIGINT]),
+        ("after 3 progress events", [signal.SIGTERM]),
+        ("an upload open", [signal.SIGTERM]),
+        ("a part stored", [signal.SIGINT, signal.SIGINT]),  # as ``timeout`` and a shell send it
+        ("a part stored", [signal.SIGTERM]),
+        ("a shard written", [signal.SIGINT]),
+        ("a shard written", [signal.SIGTERM, signal.SIGINT]),
+    ],
+)
+def test_an_interrupted_pack_leaves_no_object_and_no_unfinished_upload(
+    big_tree: Path, s3_server: SeaweedServer, s3: str, moment: str, signals: list[int]
+) -> None:
+    """A real ``dlfs pack`` interrupted at one moment of its upload, by SIGINT or SIGTERM, once or
+    with a second signal while it cleans up: it says so, and nothing is left under its prefix."""
+    url = f"{s3}/interrupted"
+    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", str(INTERRUPTED_SHARD), "--jobs", "2"]
+    pipe = subprocess.PIPE
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+    events = [0]
+    reader = threading.Thread(target=_progress_events, args=(process, events), daemon=True)
+    reader.start()
+    try:
+        ended = process.poll
+        reached = wait_until(lambda: MOMENTS[moment](s3_server, url, events) or ended() is not None, 60)
+        assert reached and process.poll() is None, f"the pack ended before {moment}"
+        for signum in signals:
+            process.send_signal(signum)
+        assert process.wait(timeout=60) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        reader.join(timeout=30)
+    assert objects(s3_server, url) == []
+    assert open_uploads(s3_server, url) == []

@@ -21,6 +21,7 @@ import contextlib
 import datetime
 import logging
 import re
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -124,6 +125,8 @@ class S3Store:
         self.requests = 0
         self.received = 0
         self._lock = threading.Lock()
+        #: Shard uploads under way, which ``abort_uploads`` aborts first.
+        self._writers: set[_S3Writer] = set()
         #: GETs started by ``will_read``, by (name, offset, length), and the bytes they hold.
         self._ahead: dict[tuple[str, int, int], tuple[Future[Bytes], float]] = {}  # and when hinted
         self._ahead_bytes = 0
@@ -330,7 +333,11 @@ class S3Store:
             obstore.put(self._store, name, path.read_bytes(), use_multipart=False)
 
     def create(self, name: str) -> ShardWriter:
-        return _S3Writer(self, name)
+        writer = _S3Writer(self, name)
+        with self._lock:
+            self._writers.add(writer)
+        writer.start()
+        return writer
 
     def upload(self, name: str, parts: Iterator[bytes | memoryview]) -> None:
         """A multipart upload of everything ``parts`` yields; aborted when it raises."""
@@ -347,10 +354,15 @@ class S3Store:
             )
 
     def abort_uploads(self) -> None:
-        """Abort the multipart uploads a killed pack left open under the prefix: their parts are
-        stored (and billed) until aborted. obstore cannot list them, so boto3 does."""
+        """Abort this store's shard uploads still under way, then the multipart uploads a killed
+        pack left open under the prefix: their parts are stored (and billed) until aborted.
+        obstore cannot list them, so boto3 does."""
         import botocore.exceptions
 
+        with self._lock:
+            writers, self._writers = self._writers, set()
+        for writer in writers:
+            writer.abort()
         prefix = self.location.prefix + "/" if self.location.prefix else ""
         client = self._session.client("s3", endpoint_url=self.endpoint)
         try:
@@ -496,9 +508,13 @@ class _S3Writer:
         self._pipe = _UploadPipe(PIPE_BYTES)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._upload, name=f"dlfs-upload-{name}", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def _upload(self) -> None:
+        # SIGINT and SIGTERM go to the main thread, which knows what to undo.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             self._store.upload(self._name, iter(self._pipe))
         except BaseException as exc:
@@ -526,4 +542,5 @@ class _S3Writer:
 
     def abort(self) -> None:
         self._pipe.close(failed=True)
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
