@@ -22,13 +22,14 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store import LocalStore, Store, is_s3, open_store
+from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
 from dlfs.pack import images
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
@@ -120,7 +121,12 @@ def _spill(parent: Path) -> Spill:
 
 
 def _write_payloads(
-    pool: Executor, tree: Tree, placed: Placed, shards: ShardSet, options: PackOptions, summary: PackSummary
+    pool: Executor,
+    tree: Tree,
+    placed: Placed,
+    shards: ShardSet[Any],
+    options: PackOptions,
+    summary: PackSummary,
 ) -> None:
     """Write every file into the shards in placement order. Skipped files are simply not placed
     (in place, their slots stay holes)."""
@@ -192,10 +198,13 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
 
 def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
-    # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
-    # no transform).
-    in_place = store.writes_in_place and not options.compress and options.transform is None
-    shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
+    # In place where the store takes writes at any offset and stored sizes are known from the walk
+    # (no lz4, no transform).
+    shards: ShardSet[Any]
+    if isinstance(store, WritesInPlace) and not options.compress and options.transform is None:
+        shards = InPlaceShards(store, summary.dataset_id, options.shard_size)
+    else:
+        shards = InOrderShards(store, summary.dataset_id, options.shard_size)
     with (
         ThreadPoolExecutor(options.jobs, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
         _transform_pool(options, summary) as transforms,
