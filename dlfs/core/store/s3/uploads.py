@@ -44,9 +44,9 @@ class UploadPipe:
         self._failed = False
         self._cond = threading.Condition()
 
-    def put(self, data: bytes | memoryview, alive: threading.Thread) -> None:
+    def put(self, data: bytes | memoryview, reader_done: threading.Event) -> None:
         with self._cond:
-            while self._held and self._held + len(data) > self._limit and alive.is_alive():
+            while self._held and self._held + len(data) > self._limit and not reader_done.is_set():
                 self._cond.wait(0.5)
             self._items.append(data)
             self._held += len(data)
@@ -77,7 +77,12 @@ class S3ShardWriter:
     """One shard's multipart upload, running in its own thread while the packer appends to it.
 
     ``ended`` is told once the upload is committed or aborted: the store aborts the writers it was
-    not told of when a pack is undone."""
+    not told of when a pack is undone.
+
+    The upload's end is an event of its own, not the thread's: in Python 3.11, a ``join`` or
+    ``is_alive`` that a signal interrupts marks the thread as stopped while it still runs
+    (CPython gh-90882), and an abort that trusted it would delete the shard before its upload
+    completed it."""
 
     def __init__(self, name: str, upload: Upload, ended: Callable[[S3ShardWriter], None]) -> None:
         self._name = name
@@ -86,8 +91,11 @@ class S3ShardWriter:
         self._pipe = UploadPipe(PIPE_BYTES)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"dlfs-upload-{name}", daemon=True)
+        self._started = False
+        self._done = threading.Event()
 
     def start(self) -> None:
+        self._started = True
         self._thread.start()
 
     def _run(self) -> None:
@@ -97,6 +105,13 @@ class S3ShardWriter:
             self._upload(self._name, iter(self._pipe))
         except BaseException as exc:
             self._error = exc
+        finally:
+            self._done.set()
+
+    def _wait(self) -> None:
+        """Until the upload has ended (at once if it never started: created, then interrupted)."""
+        if self._started:
+            self._done.wait()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
@@ -104,12 +119,12 @@ class S3ShardWriter:
 
     def write(self, data: bytes | memoryview) -> None:
         self._raise_failure()
-        self._pipe.put(data, self._thread)
+        self._pipe.put(data, self._done)
         self._raise_failure()
 
     def commit(self) -> None:
         self._pipe.close()
-        self._thread.join()
+        self._wait()
         self._ended(self)
         self._raise_failure()
 
@@ -117,6 +132,5 @@ class S3ShardWriter:
         """Abort the upload, or, once committed, nothing: deleting a committed shard is the
         caller's."""
         self._pipe.close(failed=True)
-        if self._thread.is_alive():  # never started: created, then interrupted
-            self._thread.join()
+        self._wait()
         self._ended(self)
