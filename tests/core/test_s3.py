@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 from conftest import DLFS, SMALL_SHARD, TEST_BUCKET, assert_one_line_error, dlfs, wait_until
@@ -442,7 +443,36 @@ MOMENTS: dict[str, Callable[[SeaweedServer, str, list[int]], bool]] = {
     "an upload open": lambda server, url, events: bool(open_uploads(server, url)),
     "a part stored": lambda server, url, events: _parts_stored(server, url),
     "a shard written": lambda server, url, events: bool(objects(server, url)),
+    "a shard written and an upload open": lambda server, url, events: bool(
+        [name for name in objects(server, url) if name.endswith(fmt.SHARD_SUFFIX)]
+        and open_uploads(server, url)
+    ),
 }
+
+
+@contextmanager
+def pack_until(
+    big_tree: Path, url: str, reached: Callable[[list[int]], bool], *extra: str
+) -> Iterator[Popen[bytes]]:
+    """A real ``dlfs pack`` of ``big_tree`` into ``url``, once ``reached`` (given the count of
+    progress events) says so; killed and reaped on the way out if it still runs."""
+    shard_size = str(INTERRUPTED_SHARD)
+    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", shard_size, "--jobs", "2", *extra]
+    pipe = subprocess.PIPE
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+    events = [0]
+    reader = threading.Thread(target=_progress_events, args=(process, events), daemon=True)
+    reader.start()
+    try:
+        ended = process.poll
+        assert wait_until(lambda: reached(events) or ended() is not None, 60)
+        assert process.poll() is None, "the pack ended first"
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        reader.join(timeout=30)
 
 
 @pytest.mark.timeout(300)
@@ -464,26 +494,49 @@ def test_an_interrupted_pack_leaves_no_object_and_no_unfinished_upload(
     """A real ``dlfs pack`` interrupted at one moment of its upload, by SIGINT or SIGTERM, once or
     with a second signal while it cleans up: it says so, and nothing is left under its prefix."""
     url = f"{s3}/interrupted"
-    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", str(INTERRUPTED_SHARD), "--jobs", "2"]
-    pipe = subprocess.PIPE
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
-    events = [0]
-    reader = threading.Thread(target=_progress_events, args=(process, events), daemon=True)
-    reader.start()
-    try:
-        ended = process.poll
-        reached = wait_until(lambda: MOMENTS[moment](s3_server, url, events) or ended() is not None, 60)
-        assert reached and process.poll() is None, f"the pack ended before {moment}"
+    with pack_until(big_tree, url, lambda events: MOMENTS[moment](s3_server, url, events)) as process:
         for signum in signals:
             process.send_signal(signum)
         assert process.wait(timeout=60) == 130
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
-        reader.join(timeout=30)
     assert objects(s3_server, url) == []
     assert open_uploads(s3_server, url) == []
+
+
+def _killed_while_uploading(big_tree: Path, server: SeaweedServer, url: str, *extra: str) -> tuple[str, str]:
+    """SIGKILL a pack into ``url`` once it has written a shard and opened another's upload; the
+    names of those two."""
+    before = objects(server, url)
+
+    def new_shards() -> list[str]:
+        return [n for n in objects(server, url) if n.endswith(fmt.SHARD_SUFFIX) and n not in before]
+
+    def written_and_open(_: list[int]) -> bool:
+        return bool(new_shards() and open_uploads(server, url))
+
+    with pack_until(big_tree, url, written_and_open, *extra) as process:
+        process.kill()
+        process.wait(timeout=30)
+    return new_shards()[0], open_uploads(server, url)[0].rsplit("/", 1)[1]
+
+
+@pytest.mark.timeout(300)
+def test_what_a_killed_pack_left_is_listed_by_info_and_removed_by_the_next_pack(
+    big_tree: Path, odd_tree: Path, s3_server: SeaweedServer, s3: str
+) -> None:
+    """SIGKILL leaves a written shard and an open upload: ``dlfs info`` names them, beside a
+    dataset or where there is none, and the next pack into the prefix removes them."""
+    url = f"{s3}/killed"
+    for force in ((), ("--force",)):
+        shard, upload = _killed_while_uploading(big_tree, s3_server, url, *force)
+        if force:
+            info = dlfs("info", url).stdout
+            assert shard in info and f"{upload} (unfinished upload)" in info and "next dlfs pack" in info
+        else:
+            result = dlfs("info", url, check=False)
+            assert_one_line_error(result, "not a dlfs dataset", shard, f"{upload} (unfinished upload)")
+        dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD), "--force")
+        assert shard not in objects(s3_server, url) and open_uploads(s3_server, url) == []
+        assert "leftovers:        none" in dlfs("info", url).stdout
 
 
 def _obstore_client(endpoint: str, secret: str | None = None, bucket: str = TEST_BUCKET, **client: object):

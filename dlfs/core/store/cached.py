@@ -379,6 +379,9 @@ class CachedStore:
     def abort_uploads(self) -> None:
         self.inner.abort_uploads()
 
+    def unfinished_uploads(self) -> list[str]:
+        return self.inner.unfinished_uploads()
+
     def close(self) -> None:
         self.inner.close()
         with self._lock:

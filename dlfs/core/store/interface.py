@@ -109,6 +109,9 @@ class Store(Protocol):
         """Drop what interrupted writers left where listing cannot see it (S3's open uploads),
         this process's writers still open first."""
 
+    def unfinished_uploads(self) -> list[str]:
+        """The names whose uploads interrupted writers left open (S3's); none for a directory."""
+
     def stats(self) -> dict[str, dict[str, int]]:
         """What the store counted, by section of the mount's statistics: ``store``, an object
         store's requests and their bytes; ``disk_cache``, the disk tier's; none for a directory."""

@@ -291,6 +291,9 @@ class LocalStore:
     def abort_uploads(self) -> None:
         """Nothing: an interrupted pack's files are listed, and removed as leftovers."""
 
+    def unfinished_uploads(self) -> list[str]:
+        return []
+
     def stats(self) -> dict[str, dict[str, int]]:
         return {}
 

@@ -201,29 +201,41 @@ class S3Store:
 
     def abort_uploads(self) -> None:
         """Abort this store's shard uploads still under way, then the multipart uploads a killed
-        pack left open under the prefix: their parts are stored (and billed) until aborted.
-        obstore cannot list them, so boto3 does."""
+        pack left open under the prefix: their parts are stored (and billed) until aborted."""
         import botocore.exceptions
 
         with self._lock:
             writers = list(self._writers)
         for writer in writers:
             writer.abort()
-        prefix = self.location.prefix + "/" if self.location.prefix else ""
         client = self._session.client("s3", endpoint_url=self.endpoint)
         try:
-            pages = client.get_paginator("list_multipart_uploads").paginate(
-                Bucket=self.location.bucket, Prefix=prefix
-            )
-            for upload in (u for page in pages for u in page.get("Uploads", [])):
-                if "/" in upload["Key"][len(prefix) :]:
-                    continue  # deeper than this dataset
-                log.info("aborting the upload of %s left by an interrupted pack", upload["Key"])
-                client.abort_multipart_upload(
-                    Bucket=self.location.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                )
+            for key, upload_id in self._open_uploads(client):
+                log.info("aborting the upload of %s left by an interrupted pack", key)
+                client.abort_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             log.warning("cannot abort the uploads an interrupted pack left in %s: %s", self.url, exc)
+
+    def unfinished_uploads(self) -> list[str]:
+        import botocore.exceptions
+
+        client = self._session.client("s3", endpoint_url=self.endpoint)
+        start = len(self.location.prefix) + 1 if self.location.prefix else 0
+        try:
+            return sorted({key[start:] for key, _ in self._open_uploads(client)})
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise StoreError(f"cannot list the unfinished uploads in {self.url}: {exc}") from None
+
+    def _open_uploads(self, client: Any) -> Iterator[tuple[str, str]]:
+        """(key, upload id) of the multipart uploads open directly under the prefix. obstore
+        cannot list them, so boto3's ``client`` does."""
+        prefix = self.location.prefix + "/" if self.location.prefix else ""
+        pages = client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.location.bucket, Prefix=prefix
+        )
+        for upload in (u for page in pages for u in page.get("Uploads", [])):
+            if "/" not in upload["Key"][len(prefix) :]:  # deeper: not this dataset's
+                yield upload["Key"], upload["UploadId"]
 
     def delete(self, name: str) -> None:
         import obstore
