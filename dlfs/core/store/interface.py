@@ -2,9 +2,10 @@
 
 ``pack`` writes through it and ``mount``/``verify`` read through it: a flat namespace of immutable
 objects (shards and the index) with ranged reads. A backend promises nothing about how it stores
-bytes; what a local directory can do beyond that (descriptors for the read-ahead's C loop) is the
-optional ``Descriptors`` interface. Everything here is blocking: callers on the trio loop go through
-``trio.to_thread``.
+bytes; what a local directory can do beyond that is an optional interface, asked for with
+``isinstance``: ``Descriptors`` for the read-ahead's C loop, ``WritesInPlace`` for pack's readers.
+What a caller plans around is asked of every store: ``hints_in_memory``, ``stats``. Everything here
+is blocking: callers on the trio loop go through ``trio.to_thread``.
 """
 
 from __future__ import annotations
