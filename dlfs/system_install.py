@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 from dlfs.core.errors import DlfsError
@@ -34,8 +33,13 @@ CONFIG_DIR = Path("etc/dlfs")
 
 
 def unit_text() -> str:
-    """The systemd template unit shipped in the package (``dlfs/systemd/dlfs@.service``)."""
-    return resources.files("dlfs").joinpath("systemd", "dlfs@.service").read_text()
+    """The systemd template unit, written once in the project's ``systemd/`` folder: a wheel carries
+    it as ``dlfs/systemd`` (setup.py), a checkout (``pip install -e``) reads the folder itself."""
+    package = Path(__file__).parent
+    for folder in (package / "systemd", package.parent / "systemd"):
+        if (folder / UNIT.name).is_file():
+            return (folder / UNIT.name).read_text()
+    raise DlfsError(f"{UNIT.name} is missing from this install of dlfs ({package}); reinstall dlfs")
 
 
 def _link(path: Path, target: Path, keep_links: bool) -> str | None:
