@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from seaweed import SeaweedServer, Tls
 
 from dlfs import system_install
-from dlfs.bench.seaweed import SeaweedServer, Tls
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore

@@ -30,7 +30,8 @@ if [ -n "$missing" ] && [ "${DLFS_DEBS:-}" != extract ] && dpkg -i $missing >/de
 fi
 if [ -n "$missing" ]; then
     prefix="$venv/dlfs-debs"
-    echo "dpkg cannot install the Debian packages here: unpacking them into $prefix"
+    echo "unpacking Debian packages into $prefix (dpkg -x): the system is left as it is"
+    mkdir -p "$prefix"
     for deb in $missing; do dpkg -x "$deb" "$prefix"; done
     lib="$prefix/usr/lib/$(uname -m)-linux-gnu"
     export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
@@ -38,6 +39,7 @@ if [ -n "$missing" ]; then
     export CPATH="$prefix/usr/include${CPATH:+:$CPATH}"
     export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LDFLAGS="-Wl,-rpath,$lib ${LDFLAGS:-}"
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # the unpacked pkg-config's own
     export PATH="$prefix/usr/bin:$prefix/usr/sbin:$prefix/bin:$PATH"
 fi
 

@@ -51,7 +51,7 @@ def requirements() -> list[str]:
 
 
 def _closure(packages: list[str]) -> set[str]:
-    """``packages`` and every package they depend on (the first of alternatives)."""
+    """``packages`` and every package they depend on, each alternative included."""
     kinds = ("recommends", "suggests", "conflicts", "breaks", "replaces", "enhances")
     flags = [f"--no-{kind}" for kind in kinds]
     listing = subprocess.run(
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["apt-cache", "show", *DEBS], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], check=True)  # a machine whose package lists were cleaned
     wanted, debs = requirements(), deb_closure()
     stamp = "\n".join([*wanted, *debs, *PYTHONS]) + "\n"
     if (out / ".requirements").exists() and (out / ".requirements").read_text() == stamp:

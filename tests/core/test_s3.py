@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL_SHARD, assert_one_line_error, dlfs
+from seaweed import SeaweedServer
 
-from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index

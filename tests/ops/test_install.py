@@ -45,11 +45,13 @@ def offline(*find_links: Path) -> dict[str, str]:
 
 
 def _run(
-    *args: str | os.PathLike[str], timeout: float = 300, **kwargs: object
+    *args: str | os.PathLike[str], timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run a command from / (so nothing imports the checkout by accident); fail with its stderr."""
+    """Run a command from / and without PYTHONPATH (so nothing imports the checkout by accident, and
+    pip does not take the checkout for an installed dlfs); fail with its stderr."""
+    env = {key: value for key, value in (env or os.environ).items() if key != "PYTHONPATH"}
     result = subprocess.run(
-        list(map(str, args)), capture_output=True, text=True, timeout=timeout, cwd="/", check=False, **kwargs
+        list(map(str, args)), capture_output=True, text=True, timeout=timeout, cwd="/", check=False, env=env
     )
     assert result.returncode == 0, f"{' '.join(map(str, args))}: {result.stderr}"
     return result
