@@ -4,10 +4,11 @@ system looks for them.
 pip installs ``dlfs`` and ``mount.fuse.dlfs`` into a venv's ``bin``, which neither mount(8) (it
 runs ``/sbin/mount.fuse.dlfs`` for ``-t fuse.dlfs``) nor a systemd unit (it needs one fixed path)
 knows. Links from the fixed places to the venv make fstab lines, ``dlfs@.service`` and a plain
-``dlfs`` on PATH work the same whichever way dlfs was installed: ``make install``, a venv from
-wheels, pipx. Running it again replaces the links (a newer venv) and changes nothing otherwise;
-with ``keep_links`` (``make install``) a link to another install that still exists is left as it
-is, so testing a checkout on a node does not take its dlfs away from a production venv.
+``dlfs`` on PATH work the same whichever way dlfs was installed: a checkout's venv, a venv from
+wheels or from the node bundle, pipx. Nothing runs it unasked. Running it again replaces the links
+(a newer venv) and changes nothing otherwise; with ``keep_links`` (``make install-system``) a link to
+another install that still exists is left as it is, so testing a checkout on a node does not take
+its dlfs away from a production venv.
 
 The unit goes where packages put theirs (``/usr/local/lib/systemd/system``), so an administrator's
 copy or drop-in under ``/etc/systemd/system`` overrides it, and only a unit dlfs wrote (its first

@@ -10,7 +10,6 @@ the wheels built here, never the machine's pip configuration.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -25,13 +24,17 @@ from pathlib import Path
 import pytest
 from conftest import (
     TOOLS,
+    as_user,
+    assert_one_line_error,
     dlfs,
     force_unmount,
+    is_mounted,
     pid_alive,
     wait_until,
 )
 
 from dlfs import system_install
+from dlfs.fuse.mount import FUSE_CONF
 
 ROOT = TOOLS.parent
 PYFUSE3_LINE = "pyfuse3 has every dlfs addition"
@@ -177,17 +180,17 @@ def trainer(shared: Path, wheels: Path) -> Path:
     _run(_base_python(), "-m", "venv", venv)
     _run(venv / "bin" / "pip", "install", "--quiet", _dlfs_wheel(wheels), env=offline(wheels))
     probe = (
-        "import sys, torch.distributed, torch.utils.data; "
-        "print('\\n'.join({m.split('.')[0] for m in sys.modules}))"
-    )
+        "import sys, torch.distributed, torch.utils.data\n"
+        "for name, module in list(sys.modules.items()):\n"
+        "    path = getattr(module, '__file__', None) or ''\n"
+        "    if '.' not in name and 'site-packages' in path and name != 'numpy':\n"
+        "        print(path)\n"
+    )  # numpy: pip installed it in the trainer's venv
     image = shared / "trainer-image"
     image.mkdir()
-    for name in _run(sys.executable, "-c", probe).stdout.split():
-        found = importlib.util.find_spec(name)
-        origin = Path(found.origin) if found and found.origin else None
-        if origin is None or "site-packages" not in origin.parts or name in ("numpy", "dlfs"):
-            continue  # the standard library, or what pip installed in the trainer's venv
-        source = origin.parent if origin.name == "__init__.py" else origin
+    for line in _run(sys.executable, "-c", probe).stdout.splitlines():
+        path = Path(line)
+        source = path.parent if path.name == "__init__.py" else path
         (image / source.name).symlink_to(source)
     purelib = _run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))")
     (Path(purelib.stdout.strip()) / "image.pth").write_text(f"{image}\n")
@@ -209,3 +212,120 @@ def test_a_trainer_venv_without_pyfuse3_samples_from_a_mount(
         assert sorted(sampled) == sorted(
             str(p.relative_to(tmp_path / "src")) for p in (tmp_path / "src").glob("*/*")
         )
+
+
+def test_building_without_a_compiler_names_the_debian_packages_in_one_line(tmp_path: Path) -> None:
+    """Nothing on PATH: no compiler, no pkg-config. Both builds say so before any compiler runs."""
+    env = {**os.environ, "PATH": str(tmp_path)}
+    env.pop("CC", None)
+    build = f"import sys, pathlib; sys.path.insert(0, {str(TOOLS)!r}); import build_pyfuse3 as b; "
+    build += f"b.build_wheel(pathlib.Path({str(tmp_path)!r}))"
+    result = subprocess.run(
+        [sys.executable, "-c", build], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert_one_line_error(result, "missing Debian package(s) gcc pkg-config libfuse3-dev", "apt-get install")
+    result = subprocess.run(
+        [sys.executable, "setup.py", "--quiet", "build_ext", "--build-temp", tmp_path / "temp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    assert_one_line_error(result, "missing Debian package(s) gcc pkg-config", "apt-get install")
+
+
+@pytest.fixture
+def user_dir(shared: Path, ordinary_user: str, tmp_path: Path) -> Iterator[Path]:
+    """A directory of the user's with a small tree ``src`` in it."""
+    path = shared / f"user-{tmp_path.name}"
+    (path / "src" / "class-a").mkdir(parents=True)
+    for k in range(20):
+        (path / "src" / "class-a" / f"{k}.bin").write_bytes(os.urandom(1000 + k))
+    _run("chown", "-R", ordinary_user, path)
+    return path
+
+
+#: Run as the user on their mount: read the published epoch once the read-ahead has fetched it; print
+#: how many files it pushed into the page cache and how many the epoch has.
+READ_AHEAD = """
+import json, sys, time
+from pathlib import Path
+from dlfs.core.protocol import parse_order
+mnt = Path(sys.argv[1])
+for path in mnt.rglob("*"):
+    path.stat()  # the kernel must know an inode before pages can be pushed to it
+paths = parse_order((mnt / ".dlfs" / "order" / "epoch-0.rank-0-of-1").read_bytes())
+def prefetch():
+    return json.loads((mnt / ".dlfs" / "stats").read_text())["prefetch"]
+deadline = time.monotonic() + 30
+while prefetch()["readings"]["epoch-0.rank-0-of-1"]["fetched"] < len(paths) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for path in paths:
+    (mnt / path).read_bytes()
+print(prefetch()["pushed_files"], len(paths))
+"""
+
+
+def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: Path) -> None:
+    """Also the read-ahead, which an unprivileged daemon runs without a detached view of its mount
+    (``open_tree`` needs CAP_SYS_ADMIN)."""
+    dlfs = node / "bin" / "dlfs"
+    dataset, mnt, log = user_dir / "dataset", user_dir / "mnt", user_dir / "mount.log"
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
+    started = as_user(dlfs, "mount", dataset, mnt, "--log-file", log)
+    pid = 0
+    try:
+        pid = int(re.search(r"daemon pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
+        assert os.stat(f"/proc/{pid}").st_uid != 0
+        pushed, files = map(int, as_user(node / "bin" / "python", "-c", READ_AHEAD, mnt).stdout.split())
+        assert files == 20 and pushed >= files - 1, (pushed, files)  # but the sentinel
+        as_user("diff", "-r", user_dir / "src", mnt)
+        as_user(dlfs, "umount", mnt)
+        assert wait_until(lambda: not pid_alive(pid), 15)
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+        if pid and pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "not root: the daemon runs at normal priority" in text and "Traceback" not in text, text
+
+
+def test_allow_other_as_an_ordinary_user_names_user_allow_other(node: Path, user_dir: Path) -> None:
+    lines = FUSE_CONF.read_text().splitlines() if FUSE_CONF.exists() else []
+    if "user_allow_other" in (line.strip() for line in lines):
+        pytest.skip(f"{FUSE_CONF} allows allow_other to every user here")
+    dlfs = node / "bin" / "dlfs"
+    dataset, mnt = user_dir / "dataset", user_dir / "mnt"
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
+    try:
+        result = as_user(
+            dlfs, "mount", dataset, mnt, "--allow-other", "--log-file", user_dir / "log", check=False
+        )
+        assert_one_line_error(result, "user_allow_other", str(FUSE_CONF))
+        assert not is_mounted(mnt)
+    finally:
+        force_unmount(mnt)
+
+
+def test_a_cold_benchmark_as_an_ordinary_user_says_it_needs_root(node: Path, user_dir: Path) -> None:
+    result = as_user(
+        node / "bin" / "dlfs",
+        "bench",
+        user_dir / "src",
+        "--cold",
+        "--job",
+        "stat",
+        "--repeat",
+        "1",
+        check=False,
+    )
+    assert_one_line_error(result, "drop_caches", "root")
+
+
+def test_install_system_as_an_ordinary_user_says_it_needs_root(node: Path, ordinary_user: str) -> None:
+    assert_one_line_error(as_user(node / "bin" / "dlfs", "install-system", check=False), "needs root")

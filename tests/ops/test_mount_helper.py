@@ -210,7 +210,7 @@ def test_install_system_replaces_its_own_older_unit(tmp_path: Path) -> None:
 
 
 def test_keep_links_leaves_another_install_in_place(tmp_path: Path) -> None:
-    """``make install`` in a checkout does not take /usr/local/bin/dlfs from a production venv."""
+    """``make install-system`` in a checkout does not take /usr/local/bin/dlfs from a production venv."""
     other = tmp_path / "opt" / "dlfs"
     other.parent.mkdir()
     other.write_text("#!/bin/sh\n")
