@@ -175,6 +175,7 @@ class DelayProxy(ProcessService):
         return f"http://{self.host}:{self.port}"
 
     def _start(self) -> None:
+        # A script's own folder (tools/), never the current directory, comes first on its sys.path.
         command = [
             sys.executable, __file__, "proxy", "--listen", f"{self.host}:0",
             "--target", f"{self.target[0]}:{self.target[1]}", "--delay-ms", str(self.delay_ms),
