@@ -38,8 +38,10 @@ $(NATIVE) &: setup.py $(NATIVE_SOURCES) | $(STAMP)
 # Wheels for nodes that are not a checkout (README, Operations): dlfs's, with its C loops, and the
 # pyfuse3 build it pins; a node installs them with pip install --find-links dist 'dlfs-data[mount]',
 # no compiler needed, and a trainer's image installs dlfs's alone (dlfs.torch needs no FUSE).
+# setuptools builds in build/ and never removes a module that has left the package: cleared first.
 wheels: $(STAMP)
 	$(BIN)/python tools/build_pyfuse3.py --wheel-dir dist
+	rm -rf build/lib.* build/bdist.*
 	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
 
 # dist/node/: what a bare Debian node installs dlfs from with no network, for Python 3.11 and 3.12

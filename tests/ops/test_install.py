@@ -93,6 +93,8 @@ def wheels(shared: Path, bundle: Path) -> Path:
     """What ``make wheels`` makes: the pyfuse3 build's wheel and dlfs's, with its C loops."""
     out = shared / "wheels"
     _run(sys.executable, TOOLS / "build_pyfuse3.py", "--wheel-dir", out)
+    for stale in [*ROOT.glob("build/lib.*"), *ROOT.glob("build/bdist.*")]:  # as make wheels clears them
+        shutil.rmtree(stale)
     build = ["wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", out, ROOT]
     _run(sys.executable, "-m", "pip", *build, env=offline())
     return out
