@@ -2,12 +2,15 @@
 # Install dlfs on a node with no network, from the bundle this script lies in (make node-bundle;
 # tools/node_bundle.py says what it holds): install.sh VENV, as root.
 #
-# The Debian packages the node lacks are installed with dpkg -i; where dpkg cannot install them
-# (dependencies it cannot meet), or with DLFS_DEBS=extract (all of them, leaving the system as it
-# is), they are unpacked with dpkg -x into VENV/dlfs-debs, and the builds find headers and
-# libraries there (pyfuse3 and the C loops keep that folder in their library path). Then the patched pyfuse3 and dlfs are compiled with the
-# node's compiler and installed into VENV, which is created if it does not exist: give the venv
-# that already holds PyTorch to use dlfs.torch there. pip sees only the bundle's wheels.
+# The Debian packages the node lacks are installed (apt-get install --no-download, or dpkg -i where
+# there is no apt); where they cannot be (dependencies the node does not meet, another release), or
+# with DLFS_DEBS=extract (all of them, leaving the system as it is), they are unpacked with dpkg -x
+# into VENV/dlfs-debs, and the builds find headers and libraries there (pyfuse3 and the C loops
+# keep that folder in their library path); root mounts from there, while an ordinary user's mount
+# needs the setuid fusermount3 that only the installed fuse3 package gives. Then the patched pyfuse3
+# and dlfs are compiled with the node's compiler and installed into VENV, which is created if it
+# does not exist: give the venv that already holds PyTorch to use dlfs.torch there. pip sees only
+# the bundle's wheels.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -25,8 +28,16 @@ for deb in "$here"/debs/*.deb; do
         missing="$missing $deb"
     fi
 done
-if [ -n "$missing" ] && [ "${DLFS_DEBS:-}" != extract ] && dpkg -i $missing >/dev/null; then
-    missing=""
+if [ -n "$missing" ] && [ "${DLFS_DEBS:-}" != extract ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        # apt-get checks every dependency before dpkg changes anything, and fetches nothing.
+        apt-get install -y -qq --no-download $missing >/dev/null && missing=""
+    elif dpkg -i $missing >/dev/null; then
+        missing=""
+    else
+        # dpkg leaves the packages whose dependencies it could not meet unpacked: removed again.
+        dpkg --remove $(for deb in $missing; do dpkg-deb --field "$deb" Package; done) >/dev/null 2>&1 || true
+    fi
 fi
 if [ -n "$missing" ]; then
     prefix="$venv/dlfs-debs"
