@@ -17,8 +17,8 @@ from subprocess import Popen
 
 import pytest
 from conftest import DLFS, SMALL_SHARD, TEST_BUCKET, assert_one_line_error, dlfs, wait_until
+from seaweed import SeaweedServer
 
-from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
