@@ -443,7 +443,7 @@ class _Version(argparse.Action):
                 f"obstore {metadata.version('obstore')}, boto3 {metadata.version('boto3')}: s3:// datasets"
             )
         except metadata.PackageNotFoundError:
-            lines.append("no s3 extra: s3:// datasets need pip install 'dlfs[s3]'")
+            lines.append("no s3 extra: s3:// datasets need pip install 'dlfs-data[s3]'")
         print("\n".join(lines))
         parser.exit()
 
