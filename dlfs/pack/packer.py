@@ -185,7 +185,8 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             summary.codec = pool.submit(images.codec_version).result()
         except ImportError:
             raise PackError(
-                "--transform needs Pillow: pip install 'dlfs-data[images]' (make install also builds Pillow-SIMD)"
+                "--transform needs Pillow: pip install 'dlfs-data[images]' "
+                "(make install also builds Pillow-SIMD)"
             ) from None
         try:
             yield pool

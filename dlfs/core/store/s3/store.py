@@ -40,7 +40,8 @@ class S3Store:
             import obstore.store
         except ImportError as exc:
             raise StoreError(
-                f"s3:// locations need {exc.name}: install dlfs with its s3 extra (pip install 'dlfs-data[s3]')"
+                f"s3:// locations need {exc.name}: install dlfs with its s3 extra "
+                "(pip install 'dlfs-data[s3]')"
             ) from None
         options = options or StoreOptions()
         self.location = Location.parse(url)
