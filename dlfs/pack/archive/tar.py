@@ -48,9 +48,9 @@ def _number(field: bytes) -> int:
 
 class Header(tarfile.TarInfo):
     """``TarInfo`` with a faster ``frombuf`` for the common header (checksum and numbers in
-    octal; not an old GNU sparse header): ``tarfile``'s string conversions took 36 % of a tiny
-    member's pack. Anything else goes to ``tarfile``'s own, which raises its own errors; the two
-    agree on every header (``tests/pack/test_archive_fuzz.py``)."""
+    octal; not an old GNU sparse header), without ``tarfile``'s string round trip per number field,
+    the larger part of a tiny member's cost. Anything else goes to ``tarfile``'s own, which raises
+    its own errors; the two agree on every header (``tests/pack/test_archive_fuzz.py``)."""
 
     __slots__ = ()
 
