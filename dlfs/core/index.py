@@ -146,9 +146,9 @@ class Index:
 
     def shard_store(self, store: Store, random_access: bool = False) -> Store:
         """The store the files' bytes are read from, checked to hold this dataset's: ``store``,
-        with its shards checked (``check_shards``); or, for an in-place dataset, its archives,
-        each checked to be the file indexed (``store.archives``), in place of ``store``, which is
-        closed."""
+        with its shards checked (``check_shards``); or, for an in-place dataset, a store of its
+        archives, each checked to be the file indexed (``store.archives``), which the caller
+        closes as well as ``store``."""
         if not self.archives:
             self.check_shards(store)
             return store
@@ -160,9 +160,7 @@ class Index:
                 self.shard_names, self.shard_archive, self.shard_base, self.shard_sizes, strict=True
             )
         ]
-        archives = ArchiveStore(self.archives, windows, random_access)
-        store.close()
-        return archives
+        return ArchiveStore(self.archives, windows, random_access)
 
     def check_shards(self, store: Store) -> None:
         """Refuse a dataset whose shards are missing, truncated or from another pack run.

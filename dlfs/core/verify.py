@@ -100,7 +100,10 @@ def verify(
     store = open_store(location, options=options)
     try:
         index = Index.load(store, index_copies(options))
-        store = index.shard_store(store)
+        shards = index.shard_store(store)
+        if shards is not store:  # an in-place dataset's tars
+            store.close()
+            store = shards
         reader = Reader(index, store, PayloadCache(0))
         rows = index.file_rows()
         report = VerifyReport(

@@ -35,6 +35,7 @@ from dlfs.core.index import Index
 from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
 from dlfs.pack import PackOptions, pack
+from dlfs.pack.archive.tar import Header
 
 DEFAULT_EXAMPLES = 300
 EXAMPLES = fuzz_examples(DEFAULT_EXAMPLES)
@@ -184,3 +185,36 @@ def test_the_unmutated_archives_pack(archives: Seeds, tmp_path: Path) -> None:
     """The seeds themselves pack (so the fuzz starts from archives that work)."""
     for name, raw in archives.items():
         assert pack_or_refuse(raw, name, tmp_path / name.replace(".", "-"), False, False), name
+
+
+def header_of(info: tarfile.TarInfo | None, error: Exception | None) -> object:
+    """What a header parse gave: its attributes, or its error's type."""
+    if error is not None:
+        return type(error)
+    assert info is not None
+    return {name: getattr(info, name, None) for name in tarfile.TarInfo.__slots__}, getattr(
+        info, "_sparse_structs", None
+    )
+
+
+def parse(parser: type[tarfile.TarInfo], buf: bytes) -> object:
+    try:
+        return header_of(parser.frombuf(buf, "utf-8", "surrogateescape"), None)
+    except Exception as exc:
+        return header_of(None, exc)
+
+
+@FUZZ
+@given(data=st.data())
+def test_the_fast_header_parser_agrees_with_tarfile_on_every_header(
+    archives: Seeds, data: st.DataObject
+) -> None:
+    raw = archives[data.draw(st.sampled_from(["gnu.tar", "tarfile.tar"]))]
+    blocks = [raw[at : at + 512] for at in range(0, len(raw), 512) if raw[at : at + 512].strip(b"\0")]
+    buf = mutate(data.draw(st.sampled_from(blocks)), data)[:512]
+    if data.draw(st.booleans()):  # reseal, so that the parse gets past the checksum
+        fixed = bytearray(buf.ljust(512, b"\0"))
+        fixed[148:156] = b" " * 8
+        fixed[148:156] = f"{sum(fixed):06o}\0 ".encode()
+        buf = bytes(fixed)
+    assert parse(Header, buf) == parse(tarfile.TarInfo, buf)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dlfs.core.errors import ShardError, StoreError
-from dlfs.core.store.interface import ShardWriter
+from dlfs.core.store.interface import InPlaceWriter, ShardWriter
 from dlfs.core.store.local import LocalStore
 
 AGAIN = "re-run dlfs pack --in-place"
@@ -92,7 +92,6 @@ class ArchiveStore(LocalStore):
         opened and checked here (``open_archive``)."""
         super().__init__("/", random_access, durable=False)
         self.url = ", ".join(archive["path"] for archive in archives)
-        self.writes_in_place = False
         self._paths = [archive["path"] for archive in archives]
         self._checked: list[int] = []
         # Each archive's checked descriptor, and each window's through the page cache and direct.
@@ -141,6 +140,9 @@ class ArchiveStore(LocalStore):
         raise StoreError("an in-place dataset's archives are read-only")
 
     def create(self, name: str) -> ShardWriter:
+        raise StoreError("an in-place dataset's archives are read-only")
+
+    def create_in_place(self, name: str) -> InPlaceWriter:
         raise StoreError("an in-place dataset's archives are read-only")
 
     def delete(self, name: str) -> None:

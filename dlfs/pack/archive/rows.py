@@ -5,8 +5,8 @@ Hard links are resolved first: each takes the bytes and attributes of the member
 when it arrived (as ``tar x`` links to the file extracted so far). Then each folder's members are
 read from the ledger, sorted and settled: of several members at one path the last wins, as with
 ``tar x``; a path that is a folder stays one, and a file or symlink member at it is refused. The
-folder being sorted is the only one whose names are in memory (~200 bytes an entry), plus 12 bytes
-a member for the grouping of members by folder.
+folder being sorted is the only one whose names are in memory (~200 bytes an entry), plus about 20
+bytes a member for the grouping of members by folder.
 """
 
 from __future__ import annotations
