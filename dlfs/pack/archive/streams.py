@@ -30,8 +30,8 @@ from dlfs.core.errors import PackError
 SNIFF = 512
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
-#: What ``Source`` reads ahead of a header in a member that is a tar.
-MEMBER_AHEAD = 16 << 10
+#: What ``Source`` reads ahead of a header where it can skip what follows (``Source.skips``).
+SKIPPING_AHEAD = 16 << 10
 #: Chunks read ahead of the pack (``ReadAhead``).
 AHEAD = 16
 #: Kinds by their first bytes.
@@ -69,10 +69,13 @@ class Source:
         self.buffer = prefix
         self.at = 0
         self.position = 0
-        #: Bytes read beyond what is asked for: a stream's CHUNK; a member's (a tar inside a tar)
-        #: MEMBER_AHEAD, so that reading a header does not copy the data after it, which the
-        #: reader may skip (``skip``).
-        self.ahead = MEMBER_AHEAD if hasattr(inner, "skip") else CHUNK
+        seekable = getattr(inner, "seekable", None)
+        #: The stream can pass over bytes without reading them (``skip``): a tar read from its file
+        #: (not through ``ReadAhead``), or a member of one (``Bounded``).
+        self.skips = hasattr(inner, "skip") or (seekable is not None and seekable())
+        #: Bytes read beyond what is asked for: CHUNK, or where the stream skips SKIPPING_AHEAD, so
+        #: that reading a header does not copy the member data after it, which may be skipped.
+        self.ahead = SKIPPING_AHEAD if self.skips else CHUNK
 
     def tell(self) -> int:
         return self.position
@@ -119,15 +122,13 @@ class Source:
             self.at += count
             self.position += count
             return
-        passing = getattr(self.inner, "skip", None)
-        seekable = getattr(self.inner, "seekable", None)
-        if passing is None and not (seekable is not None and seekable()):
+        if not self.skips:
             while count > 0 and (got := len(self.read(min(count, CHUNK)))):
                 count -= got
             return
         self.buffer, self.at = b"", 0
-        if passing is not None:
-            passing(count - held)
+        if hasattr(self.inner, "skip"):
+            self.inner.skip(count - held)
         else:
             self.inner.seek(count - held, os.SEEK_CUR)
         self.position += count
