@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import os
+import signal
 import stat
 import struct
 import subprocess
@@ -15,7 +16,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SHARD, TOOLS, assert_one_line_error, dlfs, make_odd_tree, mounted, set_times, tool
+from conftest import (
+    SMALL_SHARD,
+    TOOLS,
+    assert_one_line_error,
+    dlfs,
+    make_odd_tree,
+    mounted,
+    set_times,
+    tool,
+    wait_until,
+)
 
 from dlfs.core import format as fmt
 from dlfs.pack.archive.members import Member
@@ -478,3 +489,31 @@ def test_random_placement_of_an_archive_is_refused(tmp_path: Path) -> None:
     """An archive is read once, in its own order: its members cannot be laid out at random."""
     archive = write_tar(tmp_path / "a.tar", [("a", b"a")])
     assert_refused(tmp_path, archive, "--order random needs a directory tree", flags=("--order", "random"))
+
+
+def test_a_pack_from_standard_input_interrupted_while_it_waits_for_bytes_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the stream stalls (a download that hangs): the pack stops at once, its shards
+    removed, though the thread reading standard input is still waiting in a read."""
+    whole = tar_bytes([(f"f{k:04d}", os.urandom(2000)) for k in range(1200)])  # half: past the window
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen(
+        [*DLFS_PACK, "-", dst, "--shard-size", "256K"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(whole[: len(whole) // 2])
+        proc.stdin.flush()
+        assert wait_until(lambda: len(list(dst.glob("*.shard"))) > 0, 60)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert proc.returncode == 130
+    assert "Traceback" not in proc.stderr.read().decode()
+    assert list(dst.iterdir()) == []
