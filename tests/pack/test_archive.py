@@ -29,6 +29,12 @@ from conftest import (
 )
 
 from dlfs.core import format as fmt
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import PackError
+from dlfs.core.index import Index
+from dlfs.core.reader import Reader
+from dlfs.core.store import LocalStore
+from dlfs.pack import PackOptions, pack
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.streams import Source
 from dlfs.pack.archive.tar import tar_members
@@ -517,3 +523,27 @@ def test_a_pack_from_standard_input_interrupted_while_it_waits_for_bytes_leaves_
     assert proc.returncode == 130
     assert "Traceback" not in proc.stderr.read().decode()
     assert list(dst.iterdir()) == []
+
+
+def test_a_member_past_the_whole_payload_limit_is_streamed_into_its_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members larger than ``fmt.WHOLE_PAYLOAD_LIMIT`` go to their shard chunk by chunk; cut short,
+    they are refused like any other."""
+    monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 64 << 10)
+    big = os.urandom(300_000)
+    raw = tar_bytes([("small", b"s"), ("big.bin", big), ("after", b"a")])
+    archive = tmp_path / "big.tar"
+    archive.write_bytes(raw)
+    pack(archive, tmp_path / "dst", PackOptions(progress=False))
+    store = LocalStore(tmp_path / "dst")
+    try:
+        index = Index.load(store)
+        reader = Reader(index, store, PayloadCache(1 << 20))
+        assert bytes(reader.load(index.resolve(b"big.bin"))) == big
+        assert bytes(reader.load(index.resolve(b"after"))) == b"a"
+    finally:
+        store.close()
+    archive.write_bytes(raw[:200_000])
+    with pytest.raises(PackError, match="cut short"):
+        pack(archive, tmp_path / "dst2", PackOptions(progress=False))
