@@ -24,6 +24,7 @@ from conftest import (
     make_odd_tree,
     mounted,
     set_times,
+    tmpfs,
     tool,
     wait_until,
 )
@@ -547,3 +548,12 @@ def test_a_member_past_the_whole_payload_limit_is_streamed_into_its_shard(
     archive.write_bytes(raw[:200_000])
     with pytest.raises(PackError, match="cut short"):
         pack(archive, tmp_path / "dst2", PackOptions(progress=False))
+
+
+def test_a_full_destination_is_reported_as_such_not_as_a_damaged_archive(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "a.tar", [(f"f{k}", os.urandom(500_000)) for k in range(6)])
+    with tmpfs(tmp_path / "small", "1m") as small:
+        result = dlfs("pack", archive, small / "dst", check=False)
+        assert_one_line_error(result, "free space")
+        assert "damaged" not in result.stderr
+        assert not (small / "dst" / fmt.INDEX_NAME).exists()

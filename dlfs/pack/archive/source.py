@@ -76,32 +76,32 @@ class Archive:
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
-        writer = _Writer(self.name, pool, shards, ledger, options, summary)
+        writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
         iterator = self._members(options)
         with progress_bar(options) as bar:
             writer.bar = bar
             while True:
                 with reading(self.name, self.kind):
                     item = next(iterator, None)
-                    if item is None:
-                        break
-                    member, data = item
-                    if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-                        ledger.symlinks.add(member.path)
-                    try:
-                        if member.problem:
-                            raise Refused(member.problem)
-                        ledger.check_path(member.path)
-                    except Refused as exc:
-                        fail_or_skip(str(exc), options, summary, member.path)
-                        continue
-                    if member.kind == stat.S_IFDIR:
-                        ledger.folder(member)
-                    elif member.kind == stat.S_IFREG:
-                        assert data is not None
-                        writer.add_file(member, data)
-                    else:
-                        writer.add(member, None)
+                if item is None:
+                    break
+                member, data = item
+                if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+                    ledger.symlinks.add(member.path)
+                try:
+                    if member.problem:
+                        raise Refused(member.problem)
+                    ledger.check_path(member.path)
+                except Refused as exc:
+                    fail_or_skip(str(exc), options, summary, member.path)
+                    continue
+                if member.kind == stat.S_IFDIR:
+                    ledger.folder(member)
+                elif member.kind == stat.S_IFREG:
+                    assert data is not None
+                    writer.add_file(member, data)
+                else:
+                    writer.add(member, None)
             writer.finish_pending()
             with reading(self.name, self.kind):
                 self.stream.drain()
@@ -115,13 +115,15 @@ class _Writer:
     def __init__(
         self,
         name: str,
+        kind: str,
         pool: Executor,
         shards: InOrderShards,
         ledger: Ledger,
         options: PackOptions,
         summary: PackSummary,
     ) -> None:
-        self.name = name
+        #: The archive's name and kind, for messages about reading it.
+        self.name, self.kind = name, kind
         self.pool, self.shards, self.ledger = pool, shards, ledger
         self.options, self.summary = options, summary
         self.batch: list[Item] = []
@@ -137,7 +139,9 @@ class _Writer:
             self.finish_pending()
             self._stream(member, data)
             return
-        self.add(member, checked_read(data, member.size, members.show(member.path), self.name))
+        with reading(self.name, self.kind):
+            content = checked_read(data, member.size, members.show(member.path), self.name)
+        self.add(member, content)
 
     def add(self, member: Member, data: bytes | None) -> None:
         self.batch.append((member, data))
@@ -183,9 +187,10 @@ class _Writer:
         hasher = xxhash.xxh3_64()
         left = member.size
         while left:
-            chunk = data.read(min(left, STREAM_CHUNK))
-            if not chunk:
-                raise EOFError(f"member {members.show(member.path)} is cut short")
+            with reading(self.name, self.kind):
+                chunk = data.read(min(left, STREAM_CHUNK))
+                if not chunk:
+                    raise EOFError(f"member {members.show(member.path)} is cut short")
             hasher.update(chunk)
             self.shards.write(chunk)
             left -= len(chunk)
