@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--readers", type=int, nargs="+", default=[8])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--jobs", default=",".join(JOBS))
+    parser.add_argument("--job", default=",".join(JOBS), help="comma-separated jobs, as dlfs bench --job")
     parser.add_argument("--temperatures", default="warm,cold")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -72,7 +72,7 @@ def main() -> None:
         "dlfs, Python only": (fresh(dst, mnt, log, "--native-threads", "0"), dst),
     }
     results: dict[str, dict[str, object]] = {}
-    for job in args.jobs.split(","):
+    for job in args.job.split(","):
         items = bench.job_items(job, tree, order, 0)
         for temperature in args.temperatures.split(","):
             for readers in args.readers:

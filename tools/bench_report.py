@@ -696,7 +696,7 @@ TARGETS: list[tuple[str, str, str]] = [
     ("bench-train", "`tools/bench_train.py --window 4096 64`", "`bench-train.json`"),
     (
         "bench-loader",
-        "`tools/bench_loader.py`, then `--jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1`",
+        "`tools/bench_loader.py`, then `--job shuffleload --temperatures warm --readers 1 4 16 --repeat 1`",
         "`bench-loader.json`, `bench-loader-scaling.json`",
     ),
     (

@@ -31,7 +31,7 @@ from dlfs.core.store import LocalStore, Store, is_s3, open_store
 from dlfs.pack import images
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
-from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import PLACEMENTS, PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
@@ -46,8 +46,8 @@ INDEX_BUFFER = 1 << 20
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
     """Pack ``src`` into the dataset directory or ``s3://`` prefix ``dst``; see the module docstring
     for guarantees."""
-    if options.order not in ORDERS:
-        raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
+    if options.placement not in PLACEMENTS:
+        raise PackError(f"unknown placement {options.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
@@ -121,7 +121,7 @@ def _write_payloads(
     (in place, their slots stay holes)."""
     started = time.monotonic()
     total = summary.source_bytes = tree.file_bytes
-    files = (tree.entries(rows) for rows in placement_order(tree, options.order, options.seed))
+    files = (tree.entries(rows) for rows in placement_order(tree, options.placement, options.seed))
     reads = shards.reads(pool, files, options)
     with tqdm(
         total=total,
@@ -161,12 +161,12 @@ def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
 
 @contextmanager
 def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Executor | None]:
-    """Worker processes for ``--transform``, one per core (at most ``--jobs``), started fresh
+    """Worker processes for ``--transform``, one per core (at most ``--readers``), started fresh
     (spawn) so each can load the fastest codec before anything imports ``PIL``; None without one."""
     if options.transform is None:
         yield None
         return
-    workers = max(1, min(options.jobs, len(os.sched_getaffinity(0))))
+    workers = max(1, min(options.readers, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
         summary.transform = options.transform.spec
@@ -180,7 +180,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             yield pool
         except BrokenProcessPool:
             raise PackError(
-                "a --transform worker process died (killed, or out of memory?); see the log, lower --jobs "
+                "a --transform worker process died (killed, or out of memory?); see the log, lower --readers "
                 "and pack again"
             ) from None
 
@@ -192,7 +192,7 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
     in_place = store.writes_in_place and not options.compress and options.transform is None
     shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
     with (
-        ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool,
+        ThreadPoolExecutor(max_workers=options.readers, thread_name_prefix="dlfs-pack") as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
@@ -209,7 +209,7 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
                     "source": os.fsdecode(src),
                     "shard_size": options.shard_size,
                     "compress": "lz4" if options.compress else "none",
-                    "order": options.order,
+                    "placement": options.placement,
                     "seed": options.seed,
                     "transform": summary.transform or "none",
                 },

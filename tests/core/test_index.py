@@ -57,10 +57,12 @@ def _walk(tree: dict[bytes, object], prefix: bytes = b"") -> list[tuple[bytes, o
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tree=st.dictionaries(names, trees, max_size=6), order=st.sampled_from(["source", "random"]))
-def test_index_resolves_every_path_and_lists_every_directory(tree: dict[bytes, object], order: str) -> None:
+@given(tree=st.dictionaries(names, trees, max_size=6), placement=st.sampled_from(["source", "random"]))
+def test_index_resolves_every_path_and_lists_every_directory(
+    tree: dict[bytes, object], placement: str
+) -> None:
     with tempfile.TemporaryDirectory() as work:
-        index = _pack_tree(tree, Path(work), order=order, seed=5)
+        index = _pack_tree(tree, Path(work), placement=placement, seed=5)
         assert np.all(np.diff(index.parent.astype(np.int64)[1:]) >= 0), "parent column must never decrease"
         entries = _walk(tree)
         assert index.count == len(entries) + 1
@@ -103,9 +105,9 @@ def test_random_order_is_seeded_and_differs_from_source_order(tmp_path: Path) ->
 
     source = offsets(tmp_path / "a")
     assert source == sorted(source), "source order lays files out in tree order"
-    first = offsets(tmp_path / "b", order="random", seed=11)
-    assert first == offsets(tmp_path / "c", order="random", seed=11)
-    assert first != source and first != offsets(tmp_path / "d", order="random", seed=12)
+    first = offsets(tmp_path / "b", placement="random", seed=11)
+    assert first == offsets(tmp_path / "c", placement="random", seed=11)
+    assert first != source and first != offsets(tmp_path / "d", placement="random", seed=12)
 
 
 def test_encoded_index_round_trips_every_column() -> None:
