@@ -147,9 +147,15 @@ def _write_payloads(
             if options.transform is not None:
                 _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
             if len(placed) % PROGRESS_EVERY == 0:
-                rate = len(placed) / max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{len(placed):,} files, {rate:,.0f} files/s", refresh=False)
+                _show_files(bar, len(placed), started)
             bar.update(size)
+        _show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
+
+
+def _show_files(bar: tqdm, files: int, started: float) -> None:
+    """The files placed so far and their rate, drawn with the bar's next refresh."""
+    rate = files / max(time.monotonic() - started, 1e-9)
+    bar.set_postfix_str(f"{files:,} files, {rate:,.0f} files/s", refresh=False)
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:

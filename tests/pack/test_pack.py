@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -314,3 +315,18 @@ def test_the_summary_gives_the_shard_size_and_what_the_shards_hold_in_all(tmp_pa
     assert info["shards"] > 1
     assert f"into {info['shards']} shard(s) of 1.0 MiB, {human(info['stored_bytes'])} in all" in said, said
 
+
+def test_the_progress_bar_ends_at_the_files_the_summary_counts(tmp_path: Path) -> None:
+    """More files than the bar's refresh step and not a multiple of it: its last figure is the
+    summary's, not the count at its last step."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = packer.PROGRESS_EVERY + 44
+    for k in range(files):
+        (src / f"{k:04d}.txt").write_bytes(b"x" * k)
+    result = subprocess.run(
+        [*DLFS, "pack", src, tmp_path / "ds"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert f"packed {files} files" in result.stdout
+    counts = re.findall(r"([\d,]+) files, [\d,]+ files/s", result.stderr)
+    assert counts and counts[-1] == f"{files:,}", result.stderr
