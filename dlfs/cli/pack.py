@@ -24,8 +24,8 @@ def add_parser(sub: Subparsers) -> None:
         "-j",
         type=int,
         metavar="N",
-        help="files read at once (default 2 per CPU, at most 8); with --transform, at most one "
-        "worker process per CPU",
+        help="files read at once (default 2 per CPU, at most 8); with --transform, the worker "
+        "processes that read and transform them: one per CPU, at most N",
     )
     p.add_argument(
         "--compress",
@@ -46,7 +46,7 @@ def add_parser(sub: Subparsers) -> None:
         choices=("source", "random"),
         default="source",
         help="where file bytes go in the shards: in sorted tree order, or in a seeded random order "
-        "so that --order block of the mount mixes folders (default source)",
+        "so that a mount's --order block mixes folders (default source)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --placement random (default 0)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in DST")
