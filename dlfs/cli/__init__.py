@@ -2,7 +2,7 @@
 the code that reads them) and ``run`` (its work), and ``common`` for what they share.
 
 Every layer a command calls is imported inside its ``run``, so ``dlfs --help`` or ``dlfs umount``
-loads neither numpy, pyfuse3 nor trio.
+loads neither pyfuse3, trio nor any command's layers (``tests/core/test_layers.py`` checks it).
 """
 
 from __future__ import annotations

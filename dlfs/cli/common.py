@@ -1,7 +1,8 @@
 """What every ``dlfs`` command shares: the global flags, sizes, dataset locations, and the rule that
 a user's error is one line on stderr and a non-zero exit, never a traceback (a bug keeps its own).
 
-Nothing here imports numpy, trio or pyfuse3: ``dlfs --help`` and ``dlfs umount`` load this module.
+Nothing here imports trio, pyfuse3 or a layer a command calls: ``dlfs --help`` and ``dlfs umount``
+load this module.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ Command = Callable[[argparse.Namespace], int]
 #: What ``dlfs``'s parser hands each command module's ``add_parser``.
 Subparsers = argparse._SubParsersAction
 
-#: Every size flag takes these suffixes (upper or lower case). All are binary: dlfs sizes are
-#: memory and shard sizes, which are counted in KiB, MiB and GiB, and ``1G`` meaning ``1GiB`` is
-#: what the flags always took.
+#: Every size flag takes these suffixes (upper or lower case). All are binary: dlfs sizes are of
+#: memory and shards, counted in KiB, MiB and GiB, and a decimal KB beside a binary K would make
+#: ``1GB`` and ``1G`` differ by 7 %, which nobody writing either means.
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGT])(?:i|iB|B)?|B)?\s*", re.IGNORECASE)
 #: The help text of the commands that take sizes.
