@@ -45,7 +45,14 @@ def add_parser(sub: Subparsers) -> None:
         type=parse_size,
         default=f"{d.cache_size >> 20}M",
         metavar="SIZE",
-        help=f"RAM for file payloads in the daemon {D}",
+        help=f"RAM for file payloads in the daemon; the read-ahead's budget and buffers add to it {D}",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=parse_size,
+        metavar="SIZE",
+        help="bound on the daemon's resident memory: index, interpreter, cache, read-ahead and its "
+        "buffers together; the budgets are fitted to it at mount (default: none, the budgets as given)",
     )
     p.add_argument("--threads", type=int, default=d.threads, help=f"concurrent storage reads {D}")
     p.add_argument(

@@ -60,7 +60,8 @@ class Prefetcher:
         #: The C loop's loader, once ``run`` found the kernel's session live and the library built.
         self.native: NativeLoader | None = None
         self._neighbours = StorageNeighbours(index)
-        self._follows: dict[tuple[int, int, int], Follow] = {}
+        #: By the reading's label: one epoch and rank of two datasets are two sequences.
+        self._follows: dict[str, Follow] = {}
         self._inflight = 0
         self._wake = trio.Event()
 
@@ -76,20 +77,14 @@ class Prefetcher:
 
         Resolving it again keeps the cursor; an epoch that restarts shows itself in the reads.
         """
-        key = (reading.epoch, reading.world_size, reading.rank)
+        key = reading.label
         if key in self._follows:
             return
         if len(self._follows) >= MAX_READINGS:
             dropped = self._follows.pop(next(iter(self._follows)))
             self.stats.wasted_files += int(dropped.done[dropped.cursor :].sum())
         self._follows[key] = Follow.start(reading, self.index.size)
-        log.info(
-            "following epoch %d rank %d of %d (%d files)",
-            reading.epoch,
-            reading.rank,
-            reading.world_size,
-            reading.rows.size,
-        )
+        log.info("following %s (%d files)", key, reading.rows.size)
         self._wake.set()
 
     def observe(self, row: int) -> None:
@@ -198,8 +193,5 @@ class Prefetcher:
             "budget": self.budget,
             "sentinel_every": self.sentinel_every,
             "inflight": self._inflight,
-            "readings": {
-                f"epoch-{key[0]}.rank-{key[2]}-of-{key[1]}": follow.summary()
-                for key, follow in self._follows.items()
-            },
+            "readings": {key: follow.summary() for key, follow in self._follows.items()},
         }

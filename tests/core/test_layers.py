@@ -70,8 +70,10 @@ def test_only_the_fuse_layer_imports_pyfuse3() -> None:
 
 
 def test_the_torch_module_needs_only_the_control_protocol() -> None:
+    """The protocol and, for the file set a sampler announces, numpy (which torch loads anyway)."""
     ours = {name for name in _imports(PACKAGE / "torch.py") if name.startswith("dlfs")}
-    assert ours <= {"dlfs.core.protocol", "dlfs.core.errors"}, ours
+    assert ours <= {"dlfs.core.protocol", "dlfs.core.errors", "dlfs.core.fileset"}, ours
+    assert {name for name in _imports(PACKAGE / "core" / "fileset.py") if name.startswith("dlfs")} == set()
     loaded = subprocess.run(
         [
             sys.executable,
@@ -133,7 +135,7 @@ def _c_define(source: str, name: str) -> int:
         ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
         ("core/_pagecache.h", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
         ("fuse/_entry.h", "BLOCK", libc.STAT_BLOCK),
-        ("fuse/_server.c", "LATENCY_BUCKETS", protocol.LATENCY_BUCKETS),
+        ("fuse/_handlers.h", "LATENCY_BUCKETS", protocol.LATENCY_BUCKETS),
     ],
 )
 def test_the_c_loops_use_the_numbers_of_core_libc(source: str, name: str, value: int) -> None:
