@@ -127,3 +127,21 @@ def test_a_value_too_wide_for_its_column_is_refused_not_cut_short() -> None:
     arrays["offset"] = np.array([0, 1 << 32, 0], dtype=np.uint64)
     with pytest.raises(ValueError, match="offset: values out of range"):
         fmt.encode_index(arrays, {"dataset_id": "ab" * 16, "shards": []})
+
+
+def test_the_summary_counts_what_pack_wrote(odd_tree: Path, tmp_path: Path) -> None:
+    packed = pack(odd_tree, tmp_path / "ds", PackOptions(progress=False, shard_size=1 << 16, compress=True))
+    summary = Index.load(LocalStore(tmp_path / "ds")).summary()
+    assert summary == {key: getattr(packed, key) for key in summary}
+    assert summary["shards"] > 1 and summary["compressed_files"] > 0
+
+
+def test_a_recursive_listing_gives_each_folder_its_entries_then_its_subfolders(tmp_path: Path) -> None:
+    index = _pack_tree({b"b": {b"y": b"1", b"x": {b"z": b"2"}}, b"a": b"3", b"c": {}}, tmp_path)
+    assert [shown for _, shown in index.listing(fmt.ROOT_ROW)] == [b"a", b"b", b"c"]
+    assert [shown for _, shown in index.listing(fmt.ROOT_ROW, recursive=True)] == [
+        b"a", b"b", b"c", b"b/x", b"b/y", b"b/x/z"
+    ]  # fmt: skip
+    row = index.resolve(b"b/x/z")
+    assert list(index.listing(row, recursive=True)) == [(row, b"b/x/z")]
+    assert [shown for _, shown in index.listing(index.resolve(b"b"))] == [b"x", b"y"]
