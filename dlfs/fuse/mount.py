@@ -8,6 +8,7 @@ forked process, and this module imports none of them, so the command itself star
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import logging
@@ -17,7 +18,7 @@ import select
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from dlfs.core.errors import MountError
@@ -68,6 +69,12 @@ class MountOptions:
     #: Serve the mount's counters to Prometheus on this TCP port (``dlfs.metrics``); None: off.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, store: StoreOptions) -> MountOptions:
+        """The options ``dlfs mount``'s parsed flags give, each flag named after its field (the
+        command's parser takes its defaults from here, so the two never disagree)."""
+        return cls(store=store, **{f.name: getattr(args, f.name) for f in fields(cls) if f.name != "store"})
 
 
 def _mounts() -> list[tuple[int, bytes, str]]:

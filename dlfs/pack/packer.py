@@ -34,7 +34,7 @@ from dlfs.pack import images
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
-from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import PLACEMENTS, PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
@@ -51,8 +51,8 @@ INDEX_BUFFER = 1 << 20
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
     """Pack ``src`` into the dataset directory or ``s3://`` prefix ``dst``; see the module docstring
     for guarantees."""
-    if options.order not in ORDERS:
-        raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
+    if options.placement not in PLACEMENTS:
+        raise PackError(f"unknown placement {options.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
@@ -132,7 +132,7 @@ def _write_payloads(
     (in place, their slots stay holes)."""
     started = time.monotonic()
     total = summary.source_bytes = tree.file_bytes
-    files = (tree.entries(rows) for rows in placement_order(tree, options.order, options.seed))
+    files = (tree.entries(rows) for rows in placement_order(tree, options.placement, options.seed))
     reads = shards.reads(pool, files, options)
     with tqdm(
         total=total,
@@ -158,9 +158,15 @@ def _write_payloads(
             if options.transform is not None:
                 _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
             if len(placed) % PROGRESS_EVERY == 0:
-                rate = len(placed) / max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{len(placed):,} files, {rate:,.0f} files/s", refresh=False)
+                _show_files(bar, len(placed), started)
             bar.update(size)
+        _show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
+
+
+def _show_files(bar: tqdm, files: int, started: float) -> None:
+    """The files placed so far and their rate, drawn with the bar's next refresh."""
+    rate = files / max(time.monotonic() - started, 1e-9)
+    bar.set_postfix_str(f"{files:,} files, {rate:,.0f} files/s", refresh=False)
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
@@ -172,12 +178,12 @@ def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
 
 @contextmanager
 def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Executor | None]:
-    """Worker processes for ``--transform``, one per core (at most ``--jobs``), started fresh
+    """Worker processes for ``--transform``, one per core (at most ``--readers``), started fresh
     (spawn) so each can load the fastest codec before anything imports ``PIL``; None without one."""
     if options.transform is None:
         yield None
         return
-    workers = max(1, min(options.jobs, len(os.sched_getaffinity(0))))
+    workers = max(1, min(options.readers, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
         summary.transform = options.transform.spec
@@ -192,7 +198,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             yield pool
         except BrokenProcessPool:
             raise PackError(
-                "a --transform worker process died (killed, or out of memory?); see the log, lower --jobs "
+                "a --transform worker process died (killed, or out of memory?); see the log, lower --readers "
                 "and pack again"
             ) from None
 
@@ -207,7 +213,7 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
     else:
         shards = InOrderShards(store, summary.dataset_id, options.shard_size)
     with (
-        ThreadPoolExecutor(options.jobs, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
+        ThreadPoolExecutor(options.readers, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
@@ -224,7 +230,7 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
                     "source": os.fsdecode(src),
                     "shard_size": options.shard_size,
                     "compress": "lz4" if options.compress else "none",
-                    "order": options.order,
+                    "placement": options.placement,
                     "seed": options.seed,
                     "transform": summary.transform or "none",
                 },

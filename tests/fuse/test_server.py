@@ -14,7 +14,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -213,22 +212,26 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     pid = mount_pid(dlfs("mount", packed, mnt, "--log-file", tmp_path / "mount.log"))
-    reader = (
+    reader = (  # the tree's files, read over and over; says so (argv[2]) once it has read them all once
         "import os, sys\n"
-        "paths = [os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns]\n"
-        "while True:\n"
+        "found = (os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns)\n"
+        "paths = [p for p in found if os.path.isfile(p)]\n"
+        "for k in range(1 << 62):\n"
+        "    if k == 1:\n"
+        "        open(sys.argv[2], 'w').close()\n"
         "    for p in paths:\n"
         "        try:\n"
         "            open(p, 'rb').read()\n"
         "        except OSError:\n"
         "            sys.exit(0)\n"
     )
-    readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt)]) for _ in range(6)]
+    reading = [tmp_path / f"reading-{k}" for k in range(6)]
+    readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt), str(path)]) for path in reading]
     try:
-        time.sleep(1.0)
+        assert wait_until(lambda: all(path.exists() for path in reading), 30), "a reader never got going"
         assert native_stats(mnt)["answered"]["read"] > 0
         if stop == "umount":
-            dlfs("umount", mnt, timeout=30)
+            dlfs("umount", "--lazy", mnt, timeout=30)  # they hold it busy: only a lazy one goes
         else:
             os.kill(pid, signal.SIGTERM)
         assert wait_until(lambda: all(r.poll() is not None for r in readers), 20), "a reader hangs"

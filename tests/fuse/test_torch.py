@@ -46,7 +46,7 @@ def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
             (root / "src" / relative).parent.mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (16, 16), _colour(sample_id)).save(root / "src" / relative, quality=95)
             ids[relative] = sample_id
-    dlfs("pack", root / "src", root / "dataset", "--order", "random", "--seed", "1")
+    dlfs("pack", root / "src", root / "dataset", "--placement", "random", "--seed", "1")
     return root / "dataset", ids
 
 
