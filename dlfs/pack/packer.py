@@ -213,7 +213,9 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
     else:
         shards = InOrderShards(store, summary.dataset_id, options.shard_size)
     with (
-        ThreadPoolExecutor(options.readers, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
+        ThreadPoolExecutor(
+            options.readers, thread_name_prefix="dlfs-pack", initializer=block_in_thread
+        ) as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
