@@ -128,6 +128,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         window=args.window,
         prefetch_budget=args.prefetch_budget,
         prefetch_inflight=args.prefetch_inflight,
+        prefetch_pause=args.prefetch_pause,
         readdirplus=args.readdirplus,
         native_threads=args.native_threads,
         region_ahead=args.region_ahead,
@@ -583,6 +584,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.prefetch_inflight,
         help=f"storage batches the read-ahead keeps in flight {D}",
+    )
+    p.add_argument(
+        "--prefetch-pause",
+        type=float,
+        default=d.prefetch_pause,
+        metavar="SECONDS",
+        help="a reader unseen this long has its read-ahead paused until it reads again; "
+        f"it keeps what it fetched, and the kernel forgetting it fetches nothing meanwhile {D}",
     )
     p.add_argument(
         "--readdirplus",

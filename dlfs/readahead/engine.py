@@ -15,12 +15,12 @@ the Python loader the rest; a READ of a file a batch is loading waits for it (``
 ``max_inflight`` batches run at once; bytes ahead of the reader never exceed the budget.
 
 The read-ahead works only while its reader does. A sequence whose window is full and whose reader
-has not been seen for ``pause_after`` seconds pauses: it keeps what it fetched, and fetches nothing
-more, not even the files the kernel forgets (a job that stopped mid-epoch would otherwise have its
-window fetched again after every eviction, for as long as the mount lives). The reader's next read
-that reaches the daemon, or its resolving the order file again, resumes it at once, from where the
-reader is. A pause the reader comes back from costs nothing while the kernel keeps the window: its
-files are still in the page cache.
+has not been seen for ``pause_after`` seconds (``MountOptions.prefetch_pause``) pauses: it keeps
+what it fetched, and fetches nothing more, not even the files the kernel forgets (a job that
+stopped mid-epoch would otherwise have its window fetched again after every eviction, for as long
+as the mount lives). The reader's next read that reaches the daemon, or its resolving the order
+file again, resumes it at once, from where the reader is. A pause the reader comes back from costs
+nothing while the kernel keeps the window: its files are still in the page cache.
 """
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ log = logging.getLogger(__name__)
 
 #: Sequences followed at once (one per rank being read on this node); the oldest is dropped.
 MAX_READINGS = 16
-#: Seconds without a read from a sequence's reader after which its read-ahead, its window full,
-#: pauses. Readers are seen at sentinels, at least eight per window, so any reader that drains its
-#: window within eight times this is never paused while it reads; a validation pass or checkpoint
-#: shorter than this changes nothing, and a longer one loses only the repair of evictions meanwhile.
-PAUSE_AFTER = 30.0
 
 
 class Prefetcher:
@@ -66,7 +61,8 @@ class Prefetcher:
         kernel: Kernel,
         budget: int = 512 << 20,
         max_inflight: int = 16,
-        pause_after: float = PAUSE_AFTER,
+        *,
+        pause_after: float,
     ) -> None:
         self.index = index
         self.reader = reader

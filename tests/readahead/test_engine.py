@@ -20,11 +20,13 @@ from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
 from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
+from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
-from dlfs.readahead.engine import PAUSE_AFTER, Prefetcher
+from dlfs.readahead.engine import Prefetcher
 from dlfs.readahead.native import NativePusher
 
 SIZE = 20_000
+PAUSE_AFTER = MountOptions.prefetch_pause
 
 
 class FakeKernel:
@@ -69,7 +71,7 @@ def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[
     store = LocalStore(dataset, random_access=True)
     index = Index.load(store)
     reader = Reader(index, store, PayloadCache(16 << 20))
-    return index, reader, Prefetcher(index, reader, kernel, budget=budget)
+    return index, reader, Prefetcher(index, reader, kernel, budget=budget, pause_after=PAUSE_AFTER)
 
 
 def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, Prefetcher, np.ndarray]:
