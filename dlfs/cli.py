@@ -590,8 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=d.prefetch_pause,
         metavar="SECONDS",
-        help="a reader unseen this long has its read-ahead paused until it reads again; "
-        f"it keeps what it fetched, and the kernel forgetting it fetches nothing meanwhile {D}",
+        help="a reader unseen this long has its read-ahead paused until it reads again: it keeps "
+        f"what it fetched, and the kernel forgetting it fetches nothing meanwhile; inf: never {D}",
     )
     p.add_argument(
         "--readdirplus",
