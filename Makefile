@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install wheels test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-report clean
+.PHONY: install wheels test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-node bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # (in place for `pip install -e`, into the wheel otherwise), and the rule below again after an edit.
 NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
 NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
-	dlfs/fuse/_server.c dlfs/core/_pagecache.h
+	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h
 
 # As root, also the system's places for dlfs (README, Operations): /usr/local/bin/dlfs, the mount
 # helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this checkout's venv.
@@ -45,9 +45,10 @@ $(CODECS): | $(STAMP)
 	CC="cc $$(grep -qw avx2 /proc/cpuinfo && echo -mavx2)" $(BIN)/pip install --quiet \
 		--disable-pip-version-check --no-deps --target $(VENV)/dlfs-codecs 'pillow-simd==12.1.1.post0'
 
+# The suite runs where only loopback is up (tools/loopback-only): no test can reach past this machine.
 test: install
 	$(BIN)/ruff check dlfs tests tools
-	$(BIN)/pytest
+	AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
 
 # The soak test for 10 minutes instead of make test's 60 s (tests/fuse/test_soak.py): 64 readers on one
 # mount; prints files and bytes verified, read latency p50/p99/p99.9, peak RSS, descriptors, threads.
@@ -124,6 +125,11 @@ bench-bigindex: install
 # pack's peak RSS at 1.28 M and 14.2 M files (a mount of bench-bigindex's datasets, packed again).
 bench-packmem: install
 	$(BIN)/python tools/bench_packmem.py --json > docs/bench-packmem.json
+
+# A GPU node's data path in one command, data generated included (tools/bench_node.py): run on the node
+# itself, so not part of `make bench`; `tools/bench_node.py --small` runs every part on a small machine.
+bench-node: install
+	$(BIN)/python tools/bench_node.py --out docs/bench-node.json
 
 # docs/benchmarks.md, generated from the JSON above (never edited by hand); `make bench` runs it last.
 bench-report: install

@@ -86,11 +86,17 @@ setup(
             depends=["dlfs/fuse/_dirents.h", "dlfs/fuse/_entry.h"],
             extra_compile_args=CFLAGS,
         ),
-        # The server encodes listings with the same loop, linked in.
+        # The server's thread loop and its handlers, which encode listings with the same loop, linked in.
         Extension(
             "dlfs.fuse._server",
-            ["dlfs/fuse/_server.c", "dlfs/fuse/_dirents.c"],
-            depends=["dlfs/fuse/_dirents.h", "dlfs/fuse/_entry.h", "dlfs/core/_pagecache.h"],
+            ["dlfs/fuse/_server.c", "dlfs/fuse/_handlers.c", "dlfs/fuse/_dirents.c"],
+            depends=[
+                "dlfs/fuse/_handlers.h",
+                "dlfs/fuse/_buffer.h",
+                "dlfs/fuse/_dirents.h",
+                "dlfs/fuse/_entry.h",
+                "dlfs/core/_pagecache.h",
+            ],
             libraries=["xxhash", "lz4", "pthread"],
             extra_compile_args=[*CFLAGS, *_pkg_config_cflags("fuse3")],
         ),

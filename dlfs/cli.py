@@ -118,6 +118,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
 
     options = MountOptions(
         cache_size=args.cache_size,
+        memory_limit=args.memory_limit,
         allow_other=args.allow_other,
         threads=args.threads,
         log_file=args.log_file,
@@ -530,7 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-size",
         type=parse_size,
         default=f"{d.cache_size >> 20}M",
-        help=f"RAM for file payloads in the daemon {D}",
+        help=f"RAM for file payloads in the daemon; the read-ahead's budget and buffers add to it {D}",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=parse_size,
+        help="bound on the daemon's resident memory: index, interpreter, cache, read-ahead and its "
+        "buffers together; the budgets are fitted to it at mount (default: none, the budgets as given)",
     )
     p.add_argument("--threads", type=int, default=d.threads, help=f"concurrent storage reads {D}")
     p.add_argument(

@@ -25,7 +25,14 @@ from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
 from dlfs.pack import PackOptions, pack
 
-DLFS = [sys.executable, "-m", "dlfs.cli"]
+# No test, and no process a test starts, may ask the cloud's instance metadata service for
+# credentials: botocore's chain does when none are configured, and that request leaves the machine.
+# `make test` also runs the suite where no route leaves it (tools/loopback-only).
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+
+DLFS = [sys.executable, "-P", "-m", "dlfs.cli"]
+#: The command a user types: the entry point pip installed beside this interpreter.
+DLFS_COMMAND = Path(sys.executable).with_name("dlfs")
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
 SMALL_SHARD = 64 * 1024
@@ -40,21 +47,30 @@ OWNERS = {
     "link-to-file": (0, 65_536),
 }
 TEST_BUCKET = "dlfs-tests"
+#: Where code planted in a directory would import from (``plant``).
+PLANTED = ("dlfs.py", "dlfs/__init__.py")
 #: The ordinary user the tests run commands as (``ordinary_user``, ``as_user``).
 ORDINARY_USER = "dlfs-test"
 
 
 def dlfs(
-    *args: str | os.PathLike[str], check: bool = True, timeout: float = 120, launcher: Sequence[str] = ()
+    *args: str | os.PathLike[str],
+    check: bool = True,
+    timeout: float = 120,
+    launcher: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would (started by ``launcher``, if any)."""
+    """Run the real CLI in a subprocess, as a user would (started by ``launcher``, if any; with
+    ``cwd``, the command a user types, run from there)."""
+    command = [str(DLFS_COMMAND)] if cwd is not None else DLFS
     result = subprocess.run(
-        [*launcher, *DLFS, "-q", *map(str, args)],
+        [*launcher, *command, "-q", *map(str, args)],
         capture_output=True,
         text=True,
         errors="surrogateescape",
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
     if check and result.returncode != 0:
         raise AssertionError(f"dlfs {' '.join(map(str, args))} failed: {result.stderr}")
@@ -269,17 +285,22 @@ def mount_pid(result: subprocess.CompletedProcess[str]) -> int:
 
 @contextmanager
 def mounted(
-    dataset: Path, mnt: Path, *extra: str, log_file: Path | None = None, launcher: Sequence[str] = ()
+    dataset: Path,
+    mnt: Path,
+    *extra: str,
+    log_file: Path | None = None,
+    launcher: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> Iterator[Path]:
-    """Mount with the real CLI (background daemon, started by ``launcher``, if any); always unmount,
-    reap the daemon, check its log.
+    """Mount with the real CLI (background daemon, started by ``launcher``, if any, from ``cwd``,
+    if any); always unmount, reap the daemon, check its log.
 
     The daemon must exit on its own once unmounted: one still alive 15 s later is killed and the
     test fails (a descriptor the test left open on the mount, or a daemon that hangs on exit).
     """
     mnt.mkdir(parents=True, exist_ok=True)
     log_file = log_file or mnt.parent / f"{mnt.name}.log"
-    result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra, launcher=launcher)
+    result = dlfs("mount", dataset, mnt, "--log-file", log_file, *extra, launcher=launcher, cwd=cwd)
     pid = mount_pid(result)
     try:
         yield mnt
@@ -394,10 +415,22 @@ def ordinary_user() -> Iterator[str]:
         os.chmod("/dev/fuse", mode)
 
 
-def as_user(*args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run a command as ``ORDINARY_USER`` from /; with ``check``, fail with its stderr."""
+def as_user(
+    *args: str | os.PathLike[str], check: bool = True, cwd: Path = Path("/")
+) -> subprocess.CompletedProcess[str]:
+    """Run a command as ``ORDINARY_USER`` from ``cwd``; with ``check``, fail with its stderr."""
     command = ["runuser", "-u", ORDINARY_USER, "--", *map(str, args)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/", check=False)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
     if check:
         assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
     return result
+
+
+def plant(directory: Path, where: str) -> Path:
+    """Code that a careless process would import from ``directory`` (``where``: one of ``PLANTED``):
+    importing it writes the returned marker file, which the tests then expect never to appear."""
+    marker = directory / "PLANTED-CODE-RAN"
+    module = directory / where
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(os.getuid()))\n")
+    return marker

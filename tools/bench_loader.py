@@ -20,22 +20,82 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchdoc import DASH, Json, number, print_document, ratio, table
 from benchlib import dlfs_mount, ensure_packed, warm_storage
 
 from dlfs import bench
 from dlfs.bench import peers
 
 JOBS = ("shuffleload", "orderload", "orderread")
+#: Every case, in the order of the table.
+CASES = ("native", "squashfuse_ll", "dlfs", "dlfs, Python only")
+Mount = Callable[[], AbstractContextManager[object]]
 
 
-def fresh(dst: Path, mnt: Path, log: Path, *flags: str) -> Callable[[], AbstractContextManager[object]]:
+def fresh(dst: Path, mnt: Path, log: Path, *flags: str) -> Mount:
     return lambda: dlfs_mount(dst, mnt, "--log-file", str(log), *flags)
+
+
+def matrix(
+    src: Path,
+    dst: Path,
+    work: Path,
+    cases: Sequence[str],
+    jobs: Sequence[str],
+    temperatures: Sequence[str],
+    readers: Sequence[int],
+    batch: int,
+    repeat: int,
+) -> dict[str, dict[str, object]]:
+    """Every job, temperature and reader count on each of ``cases`` (of ``CASES``): the tree
+    ``src``, its squashfs image (built under ``work``) and the dataset ``dst`` packed from it.
+    Results by ``"JOB TEMPERATURE READERS"``, then by case: the median run, and per run what the C
+    request threads answered (``native``, from ``.dlfs/stats``; None off dlfs)."""
+    squash = peers.PEERS[1]
+    mnt, log = work / "mnt", work / "mount.log"
+    tree = bench.Tree.walk(str(src))
+    order = None
+    if "orderload" in jobs or "orderread" in jobs:
+        with dlfs_mount(dst, mnt, "--log-file", str(log)):
+            order = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
+    image = peers.build(squash, src, work)[0] if "squashfuse_ll" in cases else src
+
+    @contextmanager
+    def squashfuse() -> Iterator[object]:
+        with peers.mounted(squash, image, mnt):
+            yield None
+
+    every: dict[str, tuple[Mount | None, Path]] = {
+        "native": (None, src),
+        "squashfuse_ll": (squashfuse, image),
+        "dlfs": (fresh(dst, mnt, log), dst),
+        "dlfs, Python only": (fresh(dst, mnt, log, "--native-threads", "0"), dst),
+    }
+    results: dict[str, dict[str, object]] = {}
+    for job in jobs:
+        items = bench.job_items(job, tree, order, 0)
+        for temperature in temperatures:
+            for n in readers:
+                for case in cases:
+                    mount, storage = every[case]
+                    runs, per_request = [], []
+                    for _ in range(repeat):
+                        run, native = one_run(job, items, n, batch, temperature, mount, storage, mnt)
+                        runs.append(run)
+                        per_request.append(native)
+                    row = bench.median_runs(runs)
+                    key = f"{job} {temperature} {n}"
+                    results.setdefault(key, {})[case] = row | {"native": per_request}
+                    print(
+                        f"{key:24} {case:18} {row['items_per_s']:9,.0f} files/s", file=sys.stderr, flush=True
+                    )
+    return results
 
 
 def main() -> None:
@@ -51,47 +111,21 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    src, dst, work = args.work / "src", args.work / "dataset", args.work / "loader"
+    src, dst = args.work / "src", args.work / "dataset"
     ensure_packed(args.work, args.files, args.classes, "jpeg", dst)
-    squash = peers.PEERS[1]
-    image, _ = peers.build(squash, src, work)
-    mnt, log = work / "mnt", work / "mount.log"
-    with dlfs_mount(dst, mnt, "--log-file", str(log)):
-        order = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
-    tree = bench.Tree.walk(str(src))
-
-    @contextmanager
-    def squashfuse() -> Iterator[object]:
-        with peers.mounted(squash, image, mnt):
-            yield None
-
-    cases: dict[str, tuple[Callable[[], AbstractContextManager[object]] | None, Path]] = {
-        "native": (None, src),
-        "squashfuse_ll": (squashfuse, image),
-        "dlfs": (fresh(dst, mnt, log), dst),
-        "dlfs, Python only": (fresh(dst, mnt, log, "--native-threads", "0"), dst),
-    }
-    results: dict[str, dict[str, object]] = {}
-    for job in args.jobs.split(","):
-        items = bench.job_items(job, tree, order, 0)
-        for temperature in args.temperatures.split(","):
-            for readers in args.readers:
-                for case, (mount, storage) in cases.items():
-                    runs, per_request = [], []
-                    for _ in range(args.repeat):
-                        run, native = one_run(
-                            job, items, readers, args.batch, temperature, mount, storage, mnt
-                        )
-                        runs.append(run)
-                        per_request.append(native)
-                    row = bench.median_runs(runs)
-                    key = f"{job} {temperature} {readers}"
-                    results.setdefault(key, {})[case] = row | {"native": per_request}
-                    print(
-                        f"{key:24} {case:18} {row['items_per_s']:9,.0f} files/s", file=sys.stderr, flush=True
-                    )
+    results = matrix(
+        src,
+        dst,
+        args.work / "loader",
+        CASES,
+        args.jobs.split(","),
+        args.temperatures.split(","),
+        args.readers,
+        args.batch,
+        args.repeat,
+    )
     if args.json:
-        print(json.dumps({"options": vars(args) | {"work": str(args.work)}, "results": results}, indent=2))
+        print_document({"options": vars(args) | {"work": str(args.work)}, "results": results})
         return
     for key, by_case in results.items():
         print(key, "  ".join(f"{case}: {row['items_per_s']:,.0f}" for case, row in by_case.items()))
@@ -103,7 +137,7 @@ def one_run(
     readers: int,
     batch: int,
     temperature: str,
-    mount: Callable[[], AbstractContextManager[object]] | None,
+    mount: Mount | None,
     storage: Path,
     mnt: Path,
 ) -> tuple[dict[str, float], dict[str, object] | None]:
@@ -121,6 +155,77 @@ def one_run(
         stats = mnt / ".dlfs" / "stats"
         native = json.loads(stats.read_bytes()).get("native") if stats.exists() else None
     return run, native
+
+
+TITLE = "What an unmodified training job reads"
+
+
+#: The request kinds whose daemon CPU the C threads report.
+LOADER_REQUESTS = ("lookup", "getattr", "read", "ioctl")
+
+
+#: A run's figure for a kind counts only when the run answered at least this many of that kind.
+LOADER_MIN_REQUESTS = 1000
+
+
+def render(data: Json, scaling: Json | None) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md: the main run, and the one-run rows of more
+    reader counts where those were run too."""
+    options = data["options"]
+    results = data["results"] | (scaling["results"] if scaling else {})
+    out = [
+        f"20,000 JPEGs read by {'/'.join(map(str, options['readers']))} loader processes in batches of "
+        f"{options['batch']}, through torchvision's default loader (buffered `open`, so an `isatty()` "
+        "ioctl per file): `shuffleload` is `shuffle=True` (no published order), `orderload` the "
+        "published order (`ShuffleSampler`), `orderread` the published order read unbuffered "
+        "(`dlfs.torch.pil_loader`). A fresh mount and an ImageFolder scan before every FUSE run; "
+        "*warm*: the image or shards in the page cache, *cold*: every cache dropped first. "
+        f"Files/s, medians of {options['repeat']}. *dlfs*: hot requests answered by the C threads "
+        "(the default); *dlfs, Python only*: `--native-threads 0`.",
+        "",
+    ]
+    if scaling:
+        out += [
+            f"Rows with {'/'.join(map(str, scaling['options']['readers']))} readers: one run each "
+            "(`bench-loader-scaling.json`), to show how far 2 cores carry each.",
+            "",
+        ]
+    rows = []
+    for key, by_case in results.items():
+        fps = {case: by_case[case]["items_per_s"] for case in CASES if case in by_case}
+        rows.append(
+            [
+                key,
+                *[number(fps[c]) if c in fps else DASH for c in CASES],
+                f"**{ratio(fps.get('dlfs', 0), fps.get('squashfuse_ll', 0))}**",
+                ratio(fps.get("dlfs", 0), fps.get("native", 0)),
+                ratio(fps.get("dlfs", 0), fps.get("dlfs, Python only", 0)),
+            ]
+        )
+    out += table(
+        ["job, temperature, readers", *CASES, "dlfs / squashfuse_ll", "dlfs / native", "C / Python"],
+        rows,
+    )
+    cpu: dict[str, list[float]] = {}
+    for by_case in results.values():
+        for native in by_case.get("dlfs", {}).get("native") or []:
+            for kind, us in (native or {}).get("cpu_us_per_request", {}).items():
+                if native["answered"].get(kind, 0) >= LOADER_MIN_REQUESTS:
+                    cpu.setdefault(kind, []).append(us)
+    if cpu:
+        figures = [
+            f"{kind} {min(cpu[kind]):.1f}{DASH}{max(cpu[kind]):.1f} µs"
+            for kind in LOADER_REQUESTS
+            if kind in cpu
+        ]
+        out += [
+            "",
+            "CPU per request of the C threads, over the dlfs runs above that answered at least "
+            f"{LOADER_MIN_REQUESTS:,} of a kind (from reading the request to the reply written, "
+            "`.dlfs/stats` `native.cpu_us_per_request`; READ includes reading and checking the file, "
+            "warm or cold): " + ", ".join(figures) + ".",
+        ]
+    return [*out, ""]
 
 
 if __name__ == "__main__":

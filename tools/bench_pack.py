@@ -12,7 +12,6 @@ run right after ``tar cf`` deleted tar's 2.2 GB of unwritten output was ~0.6 s s
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchdoc import TIMES, Json, print_document, table
 from benchlib import DLFS, can_drop_caches, drop_caches, ensure_tree, timed
 
 
@@ -102,7 +102,7 @@ def main() -> None:
         "all": times,
     }
     if args.json:
-        print(json.dumps(results, indent=2))
+        print_document(results)
         return
     print(f"\n{args.files:,} files, {total / 1e9:.2f} GB, median of {args.repeat}")
     print(
@@ -117,6 +117,47 @@ def main() -> None:
         print(f"{mode:10}{cells}" + "".join(f"{ratios[p]:17.2f}x" for p in pairs))
         rates = {name: args.files / row[name] for name in jobs}
         print(f"{'  files/s':10}" + "".join(f"{rates[name]:21,.0f}" for name in jobs))
+
+
+TITLE = "Pack against `tar cf`"
+
+
+def render(data: Json) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from its JSON results."""
+    out = [
+        f"{data['files']:,} files, {data['bytes'] / 1e9:.2f} GB, medians of {data['repeat']} runs in "
+        "rotating order. Like is compared with like: `dlfs pack --no-sync` with plain `tar cf` (neither "
+        "waits for the disk), `dlfs pack` (fsyncs before publishing) with `tar cf` + `sync`. Ratio: "
+        "dlfs time / tar time.",
+        "",
+    ]
+    rows = []
+    for mode in ("warm", "cold"):
+        s, r = data["seconds"][mode], data["ratios"][mode]
+        rows.append(
+            [
+                mode,
+                f"{s['tar cf']:.2f}",
+                f"{s['dlfs pack --no-sync']:.2f}",
+                f"**{r['no sync']:.2f}{TIMES}**",
+                f"{s['tar cf + sync']:.2f}",
+                f"{s['dlfs pack']:.2f}",
+                f"**{r['sync']:.2f}{TIMES}**",
+            ]
+        )
+    out += table(
+        [
+            "page cache",
+            "tar cf s",
+            "dlfs pack --no-sync s",
+            "ratio",
+            "tar cf + sync s",
+            "dlfs pack s",
+            "ratio",
+        ],
+        rows,
+    )
+    return [*out, ""]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_bigindex import SHAPES, ensure_dataset
+from benchdoc import Json, print_document, table
 from benchlib import DLFS, dlfs_mount
 
 #: Runs the command in argv[2:] and writes its peak RSS (KiB) to the file argv[1]. The peak comes
@@ -82,7 +83,7 @@ def main() -> None:
                 results[shape][order] = pack_once(args.work / "mnt", args.work / "packed", order)
                 print(f"{shape} {order}: {json.dumps(results[shape][order])}", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps(results, indent=2))
+        print_document(results)
         return
     for shape, orders in results.items():
         for order, r in orders.items():
@@ -91,6 +92,37 @@ def main() -> None:
                 f"peak RSS {r['peak_rss'] / 2**20:,.0f} MiB, {r['pack_s']:.0f} s "
                 f"({r['files_per_s']:,.0f} files/s), index {r['index_bytes'] / 2**20:,.0f} MiB"
             )
+
+
+TITLE = "pack's memory at 1.28 M and 14.2 M files"
+
+
+def render(data: Json) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from its JSON results."""
+    out = [
+        "`dlfs pack --no-sync` of a dlfs mount of each `bench-bigindex` dataset (ImageNet-like names in "
+        "class folders, 16 bytes a file; a tree of 14.2 M real files would need as many inodes), each "
+        "file walked and read through FUSE: pack's peak RSS (`wait4`'s `ru_maxrss`), wall time and the "
+        "index it wrote. The per-file columns live in files of a temporary folder beside the shards "
+        "(design.md, *Pack's memory*).",
+        "",
+    ]
+    mib = 1 << 20
+    rows = [
+        [
+            shape,
+            order,
+            f"{r['files']:,}",
+            f"{r['peak_rss'] / mib:,.0f}",
+            f"{r['pack_s']:,.0f}",
+            f"{r['files_per_s']:,.0f}",
+            f"{r['index_bytes'] / mib:,.0f}",
+        ]
+        for shape, orders in data.items()
+        for order, r in orders.items()
+    ]
+    header = ["shape", "placement", "files", "peak RSS MiB", "pack s", "files/s", "index MiB"]
+    return [*out, *table(header, rows), ""]
 
 
 if __name__ == "__main__":

@@ -21,13 +21,13 @@ timed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchdoc import DASH, Json, number, print_document, ratio, table
 from benchlib import dlfs_mount, ensure_packed, warm_storage
 
 from dlfs import bench
@@ -107,7 +107,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.json:
-        print(json.dumps(results, indent=2))
+        print_document(results)
         return
     print(f"\n{args.files:,} files, read whole in the published order, median of {args.repeat}")
     print(f"{'case':36}{'readers':>8}{'files/s':>10}{'MB/s':>9}", end="")
@@ -119,6 +119,79 @@ def main() -> None:
                 f"{row['p50_us']:9,.0f}{row['p99_us']:9,.0f}{cpu_per_file(row, args.files):8.0f}"
                 f"{100 * row.get('disk_busy', 0):7.0f}"
             )
+
+
+TITLE = "Reading in the published order"
+
+
+READ_CASES = [
+    ("native warm", "native warm"),
+    ("native cold", "native cold"),
+    ("dlfs read-ahead warm", "dlfs read-ahead warm"),
+    ("dlfs read-ahead cold", "dlfs read-ahead cold"),
+    ("dlfs read-ahead, always warm", "dlfs `--readdirplus always` warm"),
+    ("dlfs read-ahead, always cold", "dlfs `--readdirplus always` cold"),
+    ("dlfs no read-ahead warm", "dlfs no read-ahead warm"),
+    ("dlfs no read-ahead cold", "dlfs no read-ahead cold"),
+    ("dlfs read-ahead 2nd epoch warm", "dlfs read-ahead, 2nd epoch of one mount"),
+]
+
+
+def _cpu_us(row: Json) -> float:
+    files = row["items_per_s"] * row["seconds"]
+    return (row["reader_cpu_s"] + row.get("daemon_cpu_s", 0.0)) / files * 1e6 if files else 0.0
+
+
+def render(data: Json) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from its JSON results."""
+    readers = sorted({int(k) for case in data.values() for k in case}, key=int)
+    out = [
+        "20,000 JPEGs (2.2 GB, ImageNet's size distribution) read whole in epoch 0's published order by "
+        "1 and 8 processes; a fresh mount for every run, medians of 3. Each cell: files/s, then the CPU "
+        "one file cost the readers and the daemon together, in µs; then p99 latency in µs. *Warm*: the "
+        "shards (or the native files) read just before, the mount's own cache empty. *Cold*: page cache "
+        "dropped, mount, ImageFolder scan, then the epoch. The last row is a second epoch on one mount, "
+        "what every later epoch meets when the dataset fits in RAM.",
+        "",
+    ]
+    rows = []
+    for key, label in READ_CASES:
+        if key not in data:
+            continue
+        cells = []
+        for n in readers:
+            row = data[key].get(str(n))
+            cells.append(
+                f"{number(row['items_per_s'])} ({_cpu_us(row):.0f} µs), p99 {number(row['p99_us'])}"
+                if row
+                else DASH
+            )
+        rows.append([label, *cells])
+    out += table(["case", *[f"{n} reader{'s' if n > 1 else ''}" for n in readers]], rows)
+
+    def fps(key: str, n: int) -> float:
+        return data.get(key, {}).get(str(n), {}).get("items_per_s", 0.0)
+
+    ratios = []
+    for n in readers:
+        ratios.append(
+            f"{n} reader{'s' if n > 1 else ''}: read-ahead / native warm "
+            f"**{ratio(fps('dlfs read-ahead warm', n), fps('native warm', n))}**, cold "
+            f"**{ratio(fps('dlfs read-ahead cold', n), fps('native cold', n))}**; read-ahead / none warm "
+            f"{ratio(fps('dlfs read-ahead warm', n), fps('dlfs no read-ahead warm', n))}, cold "
+            f"{ratio(fps('dlfs read-ahead cold', n), fps('dlfs no read-ahead cold', n))}; 2nd epoch / "
+            f"native warm {ratio(fps('dlfs read-ahead 2nd epoch warm', n), fps('native warm', n))}"
+        )
+    disk = data.get("dlfs read-ahead cold", {}).get(str(readers[-1]), {})
+    native_disk = data.get("native cold", {}).get(str(readers[-1]), {})
+    out += ["", "Ratios of files/s: " + "; ".join(ratios) + "."]
+    if disk and native_disk:
+        out.append(
+            f"Cold, {readers[-1]} readers: dlfs read {disk['mb_per_s']:,.0f} MB/s with the disk "
+            f"{disk['disk_busy']:.0%} busy, native {native_disk['mb_per_s']:,.0f} MB/s at "
+            f"{native_disk['disk_busy']:.0%}."
+        )
+    return [*out, ""]
 
 
 if __name__ == "__main__":

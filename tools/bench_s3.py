@@ -37,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchdoc import print_document
 from benchlib import DLFS, dlfs_mount, drop_caches, ensure_packed, rss_bytes
 
 from dlfs import bench
@@ -314,7 +315,7 @@ def main() -> None:
     shutil.rmtree(args.s3_work, ignore_errors=True)
     options = vars(args) | {"work": str(args.work), "s3_work": str(args.s3_work)}
     if args.json:
-        print(json.dumps({"options": options, "results": results}, indent=2, default=float))
+        print_document({"options": options, "results": results})
 
 
 if __name__ == "__main__":

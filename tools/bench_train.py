@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import slowdisk
+from benchdoc import DASH, Json, print_document, ratio, table
 from benchlib import dlfs_mount, drop_caches, ensure_packed
 
 from dlfs import bench
@@ -104,11 +105,7 @@ def main() -> None:
         slowdisk.down(slow)
     summary = {case: bench.median_runs(runs) for case, runs in results.items()}
     if args.json:
-        print(
-            json.dumps(
-                {"iops": args.iops, "bps": args.bps, "workers": args.workers, "results": summary}, indent=2
-            )
-        )
+        print_document({"iops": args.iops, "bps": args.bps, "workers": args.workers, "results": summary})
         return
     native = summary["native, shuffle=True"]["epoch_s"]  # the first case
     print(f"\n{args.files:,} JPEGs on a {args.iops} IOPS / {args.bps}/s disk, {args.workers} workers, cold")
@@ -118,6 +115,37 @@ def main() -> None:
             f"{case:38}{row['epoch_s']:9.1f}{row['images_per_s']:10.0f}{row['data_wait_s']:10.1f}"
             f"{row['epoch_s'] / native:11.2f}"
         )
+
+
+TITLE = "One ImageFolder epoch from a slow disk"
+
+
+def render(data: Json) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from its JSON results."""
+    out = [
+        f"An unmodified ImageFolder + DataLoader epoch ({data['workers']} workers, decoding and "
+        f"transforming every image) with the native tree and the dataset on one disk throttled to "
+        f"{data['iops']} IOPS / {data['bps']}B/s (`tools/slowdisk.py`), page cache dropped before each "
+        "run. Ratio: epoch time / native epoch time (below 1: faster). `data wait` is the share of the "
+        "epoch the training loop waited for its next batch.",
+        "",
+    ]
+    results = data["results"]
+    native = next((v for k, v in results.items() if k.startswith("native")), None)
+    rows = []
+    for name, r in results.items():
+        rows.append(
+            [
+                name,
+                f"{r['images']:,}",
+                f"{r['epoch_s']:.1f}",
+                f"{r['images_per_s']:.0f}",
+                f"**{ratio(r['epoch_s'], native['epoch_s'])}**" if native else DASH,
+                f"{r['data_wait_share']:.0%}",
+            ]
+        )
+    out += table(["run", "images", "epoch s", "images/s", "vs native", "data wait"], rows)
+    return [*out, ""]
 
 
 if __name__ == "__main__":

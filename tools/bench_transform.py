@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchdoc import DASH, TIMES, Json, print_document, table
 from benchlib import DLFS, dlfs_mount, ensure_tree, spread, warm_storage
 
 HERE = Path(__file__).resolve().parent
@@ -102,11 +103,49 @@ def main() -> None:
         },
     }
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_document(result)
         return
     for name, ratio in result["vs_native"].items():  # type: ignore[union-attr]
         rate = loaders[name]["images_per_s"]["median"]  # type: ignore[index]
         print(f"{name:<24} {rate:6.0f} images/s  {ratio:.2f}x native")
+
+
+TITLE = "Preprocessing at pack time"
+
+
+def render(data: Json) -> list[str]:
+    """This benchmark's section of docs/benchmarks.md, from its JSON results."""
+    packs = data["packs"]
+    out = [
+        f"{data['files']:,} photo-like JPEGs of ImageNet's dimensions (`make_imagenet_like.py --payload "
+        "photo`), packed plain and through each transform; then an unmodified ImageFolder + DataLoader "
+        f"epoch ({data['workers']} workers, `shuffle=True`, RandomResizedCrop(224), flip, ToTensor, "
+        "Normalize) over the native tree and each mount, everything in the page cache (the figures are of "
+        "decoding, not of the disk). Images/s: median of the runs shown. A mount's first epoch is read "
+        "through the daemon; later ones come from the kernel's page cache of the mount's files.",
+        "",
+    ]
+    rows = []
+    for name, p in packs.items():
+        rows.append(
+            [
+                name,
+                f"{p['source_bytes'] / 1e6:,.0f}",
+                f"{p['bytes'] / 1e6:,.0f}",
+                f"{1 - p['bytes'] / p['source_bytes']:.0%}",
+                f"{p['seconds']:.1f}",
+                p["codec"] or DASH,
+            ]
+        )
+    out += table(["pack", "source MB", "stored MB", "saved", "pack s", "codec"], rows)
+    out.append("")
+    rows = []
+    for name, loader in data["loaders"].items():
+        rate = loader["images_per_s"]
+        runs = ", ".join(f"{r:.0f}" for r in loader["runs"])
+        rows.append([name, f"{rate['median']:.0f}", runs, f"**{data['vs_native'][name]:.2f}{TIMES}**"])
+    out += table(["loader over", "images/s", "runs", "vs native"], rows)
+    return [*out, ""]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # Install the Debian packages dlfs needs (FUSE 3 runtime and headers, a compiler for pyfuse3 and
 # the C loops, xxhash's and lz4's headers, python3-venv, squashfs tools for the benchmark peers,
 # iproute2 and memcached for the S3 benchmarks, openssl for the tests' private CA, systemd for
-# checking dlfs's unit)
+# checking dlfs's unit, util-linux and strace for running the tests offline)
 # when any is missing. Idempotent; needs root (or sudo) only when something is missing.
 set -euo pipefail
 
@@ -26,6 +26,10 @@ command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(ipro
 command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 # The tests make a private CA for the S3 server's HTTPS port.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# The tests run in a network namespace with only loopback up (tools/loopback-only), and trace a
+# command's connections with strace.
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
+command -v strace >/dev/null 2>&1 || missing+=(strace)
 # The tests check the systemd unit dlfs@.service with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

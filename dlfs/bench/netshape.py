@@ -29,7 +29,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections import deque
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.bench.service import ProcessService, Service
+from dlfs.core.interpreter import module_command
 
 #: The /30 subnets of veth pairs come from here; a range no ordinary network uses.
 ADDRESS_POOL = ipaddress.ip_network("10.231.0.0/16")
@@ -175,10 +175,10 @@ class DelayProxy(ProcessService):
         return f"http://{self.host}:{self.port}"
 
     def _start(self) -> None:
-        command = [
-            sys.executable, "-m", "dlfs.bench.netshape", "proxy", "--listen", f"{self.host}:0",
+        command = module_command(
+            "dlfs.bench.netshape", "proxy", "--listen", f"{self.host}:0",
             "--target", f"{self.target[0]}:{self.target[1]}", "--delay-ms", str(self.delay_ms),
-        ]  # fmt: skip
+        )  # fmt: skip
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         self.port = self._read_port(self._process)
 

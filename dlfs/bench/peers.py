@@ -22,11 +22,15 @@ from pathlib import Path
 
 from dlfs.bench.errors import BenchError
 from dlfs.bench.roots import Root
+from dlfs.core.interpreter import module_command
 from dlfs.fuse.mount import mounted_fstype
 
 log = logging.getLogger(__name__)
 
 MOUNT_TIMEOUT = 120.0
+#: A template's first word that stands for ``python -m`` run the way dlfs runs its own processes
+#: (``dlfs.core.interpreter``).
+PYTHON_MODULE = "{python -m}"
 
 
 @dataclass(frozen=True)
@@ -38,21 +42,24 @@ class Peer:
     image: str
 
     def command(self, template: tuple[str, ...], src: Path, image: Path, mnt: Path) -> list[str]:
-        """The template filled in, its program resolved the way ``available`` found it."""
+        """The template filled in, its program resolved the way ``available`` found it (this
+        interpreter for ``PYTHON_MODULE``)."""
         # Absolute paths: daemons that detach chdir to /, and dlfs bench finds them by their argv.
         paths = {"src": src, "image": image, "mnt": mnt}
-        values = {key: os.path.abspath(path) for key, path in paths.items()} | {"python": sys.executable}
-        command = [part.format(**values) for part in template]
-        command[0] = _tool_path(command[0]) or command[0]
-        return command
+        values = {key: os.path.abspath(path) for key, path in paths.items()}
+        program, *rest = template
+        args = [part.format(**values) for part in rest]
+        if program == PYTHON_MODULE:
+            return module_command(*args)
+        return [_tool_path(program) or program, *args]
 
 
 PEERS = (
     Peer(
         "dlfs",
         (),
-        ("{python}", "-m", "dlfs.cli", "-q", "pack", "{src}", "{image}", "--force"),
-        ("{python}", "-m", "dlfs.cli", "-q", "mount", "{image}", "{mnt}"),
+        (PYTHON_MODULE, "dlfs.cli", "-q", "pack", "{src}", "{image}", "--force"),
+        (PYTHON_MODULE, "dlfs.cli", "-q", "mount", "{image}", "{mnt}"),
         "dataset",
     ),
     Peer(

@@ -1,13 +1,20 @@
 """How much memory a mount's daemon may take, and its budgets fitted to it at start.
 
-The payload cache (``--cache-size``) and the read-ahead's files (``--prefetch-budget``) are the
-daemon's two budgets; a budget larger than the machine, or than the memory cgroup the daemon runs
-in (a systemd ``MemoryMax``, a container's limit), would grow the daemon until the kernel's OOM
-killer ends it mid-epoch, and every reader with it. Budgets are caches: a smaller one makes the
-mount slower, never wrong. So they are clamped at start, not refused, and the mount says so in one
-line; so are the read-ahead's batches in flight (each holds an 8 MiB read buffer) when their
-buffers would take more than half of what is left. Only when not even one batch fits is the mount
-refused.
+What a daemon's resident memory is made of: the interpreter and its libraries, the index (read
+whole at start), the payload cache (``--cache-size``) and the read-ahead's files parked in it
+(``--prefetch-budget``), one read buffer per read-ahead batch in flight (``--prefetch-inflight``;
+two for an object store, whose responses land beside it), and what the allocator and thread stacks
+grow by under load (``UNDER_LOAD``). ``--memory-limit`` bounds the sum: what the daemon holds once
+its index is loaded is measured, and the budgets and batches are fitted to the rest.
+
+A budget larger than the machine, or than the memory cgroup the daemon runs in (a systemd
+``MemoryMax``, a container's limit), would grow the daemon until the kernel's OOM killer ends it
+mid-epoch, and every reader with it. Budgets are caches: a smaller one makes the mount slower,
+never wrong. So they are clamped at start, not refused, and the mount says so in one line; so are
+the read-ahead's batches in flight when their buffers would take more than half of what is left.
+The read-ahead keeps its budget first (up to half of what fits), since it is what keeps readers
+from waiting on storage; the payload cache takes the rest. Only when not even one batch fits is the
+mount refused.
 
 What is available: ``MemAvailable`` of ``/proc/meminfo``, and under a memory cgroup its limit less
 what the group uses beyond reclaimable file pages (cgroup v2 ``memory.max``, every ancestor's too;
@@ -37,10 +44,17 @@ NO_LIMIT = 1 << 62
 
 @dataclass(frozen=True)
 class Available:
-    """Bytes the daemon may still take, and where the figure comes from (for the message)."""
+    """Bytes the daemon may still take, where the figure comes from (for the message), and the share
+    of them the budgets may fill: half of the machine's (the rest is the training job's and the
+    page cache's), all of what ``--memory-limit`` leaves."""
 
     bytes: int
     source: str
+    share: float = BUDGET_SHARE
+
+    @property
+    def for_budgets(self) -> float:
+        return self.bytes * self.share
 
 
 def _meminfo(field: str, path: Path = Path("/proc/meminfo")) -> int | None:
@@ -90,11 +104,22 @@ def cgroup_room(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGRO
     return min(found, key=lambda a: a.bytes, default=None)
 
 
-def available() -> Available:
-    """Memory the daemon may still take: MemAvailable, or less under a cgroup limit."""
+def resident(status: Path = Path("/proc/self/status")) -> int:
+    """This process's resident memory (``VmRSS``)."""
+    return _meminfo("VmRSS", status) or 0
+
+
+def available(limit: int | None = None) -> Available:
+    """Memory the daemon may still take: MemAvailable, or less under a cgroup limit, or what
+    ``limit`` (``--memory-limit``) leaves beside what the daemon holds already."""
     machine = Available(_meminfo("MemAvailable") or 0, "MemAvailable")
     group = cgroup_room()
-    return group if group is not None and group.bytes < machine.bytes else machine
+    found = group if group is not None and group.bytes < machine.bytes else machine
+    if limit is not None:
+        held = resident()
+        own = Available(limit - held, f"--memory-limit {_mib(limit)} less the {_mib(held)} held", share=1.0)
+        found = min(found, own, key=lambda room: room.for_budgets)
+    return found
 
 
 @dataclass(frozen=True)
@@ -108,8 +133,8 @@ class Budgets:
 
 def fit(cache_size: int, prefetch_budget: int, inflight: int, buffer: int, room: Available) -> Budgets:
     """The budgets and the batches in flight (each holding ``buffer`` bytes while the read-ahead is
-    on) fitted to ``room`` less ``UNDER_LOAD``: the buffers to half of it at most, the two budgets,
-    scaled down together, to ``BUDGET_SHARE`` of what the buffers leave. Refuses the mount
+    on) fitted to ``room`` less ``UNDER_LOAD``: the buffers to half of it at most, the two budgets
+    to ``room.share`` of what the buffers leave, the read-ahead's first. Refuses the mount
     (``MountError``) when one buffer leaves less than ``MIN_ROOM``."""
     usable = room.bytes - UNDER_LOAD
     buffer = buffer if prefetch_budget > 0 else 0
@@ -119,20 +144,33 @@ def fit(cache_size: int, prefetch_budget: int, inflight: int, buffer: int, room:
             "free memory or raise the limit"
         )
     batches = min(inflight, max(1, usable // 2 // buffer)) if buffer else inflight
-    fits = int((usable - batches * buffer) * BUDGET_SHARE)
-    asked = cache_size + prefetch_budget
-    if asked <= fits and batches == inflight:
+    fits = int((usable - batches * buffer) * room.share)
+    if cache_size + prefetch_budget <= fits and batches == inflight:
         return Budgets(cache_size, prefetch_budget, inflight)
-    cache, prefetch = cache_size, prefetch_budget
-    if asked > fits:
-        cache, prefetch = cache_size * fits // asked, prefetch_budget * fits // asked
+    prefetch = min(prefetch_budget, max(fits - cache_size, fits // 2))
+    cache = min(cache_size, fits - prefetch)
+    asked = _flags(cache_size, prefetch_budget, inflight)
+    used = _flags(cache, prefetch, batches)
+    changed = [flag for flag in asked if asked[flag] != used[flag]]
+    portion = "" if room.share >= 1 else f"{room.share:.0%} of "
     note = (
-        f"--cache-size {_mib(cache_size)}, --prefetch-budget {_mib(prefetch_budget)} and "
-        f"--prefetch-inflight {inflight} would take more than half of the {_mib(room.bytes)} of memory "
-        f"available to the mount ({room.source}): using {_mib(cache)}, {_mib(prefetch)} and {batches}"
+        f"{', '.join(f'{flag} {asked[flag]}' for flag in changed)} would take more than {portion}the "
+        f"{_mib(room.bytes)} of memory available to the mount ({room.source}): using "
+        f"{', '.join(f'{flag} {used[flag]}' for flag in changed)}"
     )
     return Budgets(cache, prefetch, batches, note)
 
 
+def _flags(cache_size: int, prefetch_budget: int, inflight: int) -> dict[str, str]:
+    """The three flags ``fit`` may change, as its note names them."""
+    return {
+        "--cache-size": _mib(cache_size),
+        "--prefetch-budget": _mib(prefetch_budget),
+        "--prefetch-inflight": str(inflight),
+    }
+
+
 def _mib(n: int) -> str:
+    if n >= 10 << 40:
+        return f"{n / (1 << 40):.1f}T"
     return f"{n / (1 << 30):.1f}G" if n >= 10 << 30 else f"{n >> 20}M"

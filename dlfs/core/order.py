@@ -4,10 +4,11 @@ The mount publishes this order and the PyTorch sampler follows it, so the read-a
 the future. Everything is a function of (file count or storage layout, seed, epoch, world size,
 rank, mode): the same inputs give the same sequence in any process.
 
-Distributed semantics follow ``torch.utils.data.DistributedSampler`` with ``drop_last=False``: the
-epoch's sequence is padded by wrapping around to a multiple of the world size, every rank gets
-``ceil(n / world_size)`` items, ranks are disjoint apart from the padding, and their union is the
-whole epoch.
+Distributed semantics follow ``torch.utils.data.DistributedSampler``: the epoch's sequence is padded
+by wrapping around to a multiple of the world size, every rank gets ``ceil(n / world_size)`` items,
+ranks are disjoint apart from the padding, and their union is the whole epoch. With ``drop_last``
+the sequence is cut to a multiple of the world size instead: ``floor(n / world_size)`` items each,
+disjoint.
 
 Modes:
 
@@ -109,19 +110,23 @@ def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:
     return MODES[spec.mode].permutation(count, spec, epoch)
 
 
-def rank_slice(sequence: np.ndarray, world_size: int, rank: int, mode: str) -> np.ndarray:
-    """This rank's share of an epoch, padded by wrapping like DistributedSampler. The padded
-    sequence is never built: place p of it is ``sequence[p % count]``, so the work is the rank's
-    share however large the world."""
+def rank_slice(
+    sequence: np.ndarray, world_size: int, rank: int, mode: str, drop_last: bool = False
+) -> np.ndarray:
+    """This rank's share of an epoch, padded by wrapping like DistributedSampler (or, with
+    ``drop_last``, cut to a multiple of the world size). The padded sequence is never built: place
+    p of it is ``sequence[p % count]``, so the work is the rank's share however large the world."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     count = sequence.size
     if not count:
         return sequence
-    per_rank = -(-count // world_size)
+    per_rank = count // world_size if drop_last else -(-count // world_size)
     return sequence[MODES[mode].split(world_size, rank, per_rank) % count]
 
 
-def epoch_order(count: int, spec: OrderSpec, epoch: int, world_size: int = 1, rank: int = 0) -> np.ndarray:
+def epoch_order(
+    count: int, spec: OrderSpec, epoch: int, world_size: int = 1, rank: int = 0, drop_last: bool = False
+) -> np.ndarray:
     """Positions (0..count-1) that ``rank`` of ``world_size`` reads in ``epoch``, in order."""
-    return rank_slice(epoch_permutation(count, spec, epoch), world_size, rank, spec.mode)
+    return rank_slice(epoch_permutation(count, spec, epoch), world_size, rank, spec.mode, drop_last)

@@ -1,14 +1,28 @@
 /* Directory listings in the kernel's FUSE wire format, one loop over a run of index rows.
  *
- * The numpy encoder in dlfs/dirents.py makes about thirty array calls per reply: with listings of
- * a whole class folder per request that was 1-2 us per entry, most of what a cold ImageFolder scan
- * waits for in the daemon. This loop writes the same bytes at a few nanoseconds per entry.
- * dlfs/dirents.py is its only caller (through ctypes); build: `make install`.
+ * The numpy encoder in dlfs/fuse/dirents.py makes about thirty array calls per reply, most of what
+ * a cold ImageFolder scan waits for in the daemon; this loop writes the same bytes with none.
+ * dlfs/fuse/dirents.py calls it through ctypes, the native request server (_handlers.c) directly;
+ * build: `make install`.
  */
+#include <stddef.h>
+
 #include "_dirents.h"
 
 /* In _server.so too, which links this file. */
 const uint32_t dlfs_index_format = DLFS_INDEX_FORMAT;
+
+/* The layouts of the structs dlfs/fuse/dirents.py mirrors with ctypes, which it compares before it
+ * uses this library: how many fields, the size, then each field's offset in declaration order. */
+const uint64_t dlfs_columns_layout[] = {
+    8, sizeof(struct columns), offsetof(struct columns, name_off), offsetof(struct columns, names),
+    offsetof(struct columns, mode), offsetof(struct columns, owner), offsetof(struct columns, owners),
+    offsetof(struct columns, size), offsetof(struct columns, stored), offsetof(struct columns, mtime)
+};
+const uint64_t dlfs_reply_layout[] = {
+    5, sizeof(struct reply), offsetof(struct reply, inode_base), offsetof(struct reply, valid),
+    offsetof(struct reply, valid_nsec), offsetof(struct reply, file_blksize), offsetof(struct reply, dir_blksize)
+};
 
 /* Records (READDIRPLUS ones unless attrs is ATTRS_NONE) for rows first, first+1, ... below stop, as
  * many as fit whole in space bytes of out; row first + k says the listing goes on at offset

@@ -1,4 +1,5 @@
-"""The hidden control tree at ``MNT/.dlfs``: published epoch orders, live stats, mount config.
+"""The hidden control tree at ``MNT/.dlfs``: published epoch orders, the file list they index, the
+datasets' announced file sets, live stats, mount config.
 
 ``readdir`` of the mount root never lists ``.dlfs`` (so ImageFolder never takes it for a class),
 but ``lookup`` resolves it, like ZFS's ``.zfs``. The names and the order files' format are the
@@ -12,6 +13,7 @@ readers sharing one whose bytes changed under them got a snapshot cut short or p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 import threading
@@ -22,14 +24,18 @@ from collections.abc import Callable
 import numpy as np
 
 from dlfs.core import format as fmt
+from dlfs.core.fileset import Announced, FileSet
 from dlfs.core.index import Attrs, Index
 from dlfs.core.libc import stat_blocks
 from dlfs.core.order import OrderSpec, epoch_order
 from dlfs.core.protocol import (
     CONFIG_NAME,
     CONTROL_NAME,
+    FILES_NAME,
     ORDER_NAME,
+    SET_NAME,
     STATS_NAME,
+    OrderKey,
     Reading,
     escape,
     parse_order_name,
@@ -42,6 +48,8 @@ ORDER_CACHE = 8
 STATS_SNAPSHOTS = 256
 #: Stats snapshots' inodes start this far past the control root, beyond any order file's.
 STATS_INODES = 1 << 40
+#: Announced file sets' inodes start this far past the control root, between orders' and stats'.
+SET_INODES = 1 << 39
 DIR_MODE = stat.S_IFDIR | 0o555
 FILE_MODE = stat.S_IFREG | 0o444
 
@@ -57,9 +65,17 @@ class ControlTree:
         self.root = index.count + 1
         self.order_dir = self.root + 1
         self.config_file = self.root + 3
+        self.set_dir = self.root + 4
+        self.files_file = self.root + 5
         self._first_order = self.root + 16
-        self._order_keys: dict[tuple[int, int, int], int] = {}
-        self._order_inodes: list[tuple[int, int, int]] = []
+        self._order_keys: dict[OrderKey, int] = {}
+        #: Each order file's key, and the file set it is made over (kept here: the set may be
+        #: forgotten by ``Announced`` while the order file is still read).
+        self._order_inodes: list[tuple[OrderKey, FileSet | None]] = []
+        self._announced: Announced | None = None
+        self._set_inodes: dict[str, int] = {}
+        self._set_digests: dict[int, str] = {}
+        self._files_text: bytes | None = None
         self._contents: OrderedDict[int, tuple[Reading, bytes | None]] = OrderedDict()
         self._plain_names: bool | None = None
         self._snapshots: OrderedDict[int, tuple[bytes, int]] = OrderedDict()
@@ -68,7 +84,12 @@ class ControlTree:
         self._files: np.ndarray | None = None
 
     def owns(self, inode: int) -> bool:
-        return self.root <= inode <= self.config_file or self.is_order(inode) or self.is_volatile(inode)
+        return (
+            self.root <= inode <= self.files_file
+            or self.is_order(inode)
+            or inode in self._set_digests
+            or self.is_volatile(inode)
+        )
 
     def is_order(self, inode: int) -> bool:
         return 0 <= inode - self._first_order < len(self._order_inodes)
@@ -84,6 +105,8 @@ class ControlTree:
                 (ORDER_NAME, self.order_dir),
                 (STATS_NAME, self.snapshot_stats()),
                 (CONFIG_NAME, self.config_file),
+                (FILES_NAME, self.files_file),
+                (SET_NAME, self.set_dir),
             ]
         return []
 
@@ -92,24 +115,57 @@ class ControlTree:
         if parent == MOUNT_ROOT:
             return self.root if name == CONTROL_NAME else None
         if name in (b".", b".."):
-            up = {self.root: MOUNT_ROOT, self.order_dir: self.root}
+            up = {self.root: MOUNT_ROOT, self.order_dir: self.root, self.set_dir: self.root}
             return parent if name == b"." else up.get(parent)
         if parent == self.root:
             if name == STATS_NAME:
                 return self.snapshot_stats()
-            return {ORDER_NAME: self.order_dir, CONFIG_NAME: self.config_file}.get(name)
+            names = {
+                ORDER_NAME: self.order_dir,
+                CONFIG_NAME: self.config_file,
+                FILES_NAME: self.files_file,
+                SET_NAME: self.set_dir,
+            }
+            return names.get(name)
+        if parent == self.set_dir:
+            return self._set_lookup(name)
         if parent != self.order_dir:
             return None
         key = parse_order_name(name)
         if key is None:
             return None
         if key not in self._order_keys:
+            fileset = None
+            if key.fileset is not None:
+                with self._lock:
+                    fileset = self.announced().get(key.fileset)
+                if fileset is None:
+                    return None
             self._order_keys[key] = self._first_order + len(self._order_inodes)
-            self._order_inodes.append(key)
+            self._order_inodes.append((key, fileset))
         return self._order_keys[key]
 
+    def announced(self) -> Announced:
+        if self._announced is None:
+            self._announced = Announced(int(self.files().size))
+        return self._announced
+
+    def _set_lookup(self, name: bytes) -> int | None:
+        """A complete set's inode (by its digest), or an announcing name (``dlfs.core.fileset``):
+        resolved when it completes its set, not found otherwise."""
+        with self._lock:
+            announced = self.announced()
+            digest = name.decode() if announced.get(name) is not None else announced.receive(name)
+        if digest is None:
+            return None
+        if digest not in self._set_inodes:
+            inode = self.root + SET_INODES + len(self._set_inodes)
+            self._set_inodes[digest] = inode
+            self._set_digests[inode] = digest
+        return self._set_inodes[digest]
+
     def attrs(self, inode: int) -> Attrs:
-        if inode in (self.root, self.order_dir):
+        if inode in (self.root, self.order_dir, self.set_dir):
             return Attrs(DIR_MODE, 2, 0, 0, 0, 0, self._mounted_at)
         if self.is_volatile(inode):
             return self._file_attrs(*self._snapshot(inode))
@@ -152,6 +208,17 @@ class ControlTree:
             return self._snapshot(inode)[0]
         if inode == self.config_file:
             return (json.dumps(self.config(), indent=2, sort_keys=True) + "\n").encode()
+        if inode == self.files_file:
+            with self._lock:
+                if self._files_text is None:
+                    self._files_text = self._text(self.files())
+                return self._files_text
+        if inode in self._set_digests:
+            with self._lock:
+                fileset = self.announced().get(self._set_digests[inode])
+            if fileset is None:
+                raise LookupError(f"file set {self._set_digests[inode]} is forgotten")
+            return (json.dumps({"files": int(fileset.positions.size)}) + "\n").encode()
         text = self._order(inode, text=True)[1]
         assert text is not None
         return text
@@ -200,10 +267,13 @@ class ControlTree:
             return cached
 
     def _sequence(self, inode: int) -> Reading:
-        epoch, world, rank = self._order_inodes[inode - self._first_order]
-        files = self.files()
-        rows = files[epoch_order(files.size, self.spec, epoch, world, rank)]
-        return Reading(epoch, world, rank, rows, self.spec.neighbour_window)
+        """The rows an order file lists: its share of a permutation of the dataset's files (the
+        announced set's, else all the mount's), in its seed or the mount's."""
+        key, fileset = self._order_inodes[inode - self._first_order]
+        files = self.files() if fileset is None else self.files()[fileset.positions]
+        spec = self.spec if key.seed is None else dataclasses.replace(self.spec, seed=key.seed)
+        rows = files[epoch_order(files.size, spec, key.epoch, key.world_size, key.rank, key.drop_last)]
+        return Reading(key.epoch, key.world_size, key.rank, rows, self.spec.neighbour_window, key.label)
 
     def _text(self, rows: np.ndarray) -> bytes:
         """One path per line; backslashes and newlines in names escaped (names holding them are

@@ -28,7 +28,7 @@ from dlfs.core.store import CachedStore, Store, index_copies, is_s3, open_store
 from dlfs.core.store.s3 import S3Store
 from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
-from dlfs.fuse.features import log_pyfuse3_features
+from dlfs.fuse.features import log_pyfuse3_features, readahead_loop_missing, unavailable
 from dlfs.fuse.kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
@@ -162,7 +162,9 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
     spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
     requests: Counter[str] = Counter()
     read_latency = [0] * LATENCY_BUCKETS
-    native = _native_server(index, reader, known, options)
+    native, missing = _native_server(index, reader, known, options)
+    if prefetcher is not None and (reason := readahead_loop_missing()) is not None:
+        missing.append(unavailable("read-ahead loop", reason))
 
     def stats() -> dict[str, object]:
         return {
@@ -210,11 +212,13 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         try:
             native.start(options.native_threads)
         except OSError as exc:
-            log.warning("%s: Python answers every request", exc)
+            missing.append(unavailable("request server", str(exc)))
+    for line in missing:
+        log.warning("%s", line)
     clean = False
     try:
         try:
-            ready(notes)
+            ready(notes + missing)
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
@@ -239,7 +243,11 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     if isinstance(store.inner if isinstance(store, CachedStore) else store, S3Store):
         buffer *= 2  # a batch's hinted GETs land beside its buffer
     fitted = memory.fit(
-        options.cache_size, options.prefetch_budget, options.prefetch_inflight, buffer, memory.available()
+        options.cache_size,
+        options.prefetch_budget,
+        options.prefetch_inflight,
+        buffer,
+        memory.available(options.memory_limit),
     )
     if fitted.note is None:
         return options, []
@@ -264,17 +272,17 @@ def _metrics_endpoint(options: MountOptions) -> MetricsEndpoint | None:
 
 def _native_server(
     index: Index, reader: TrioReader, known: KernelKnowledge, options: MountOptions
-) -> native_server.NativeServer | None:
-    """The C threads for the hot requests, unless turned off or not built (said in the log)."""
+) -> tuple[native_server.NativeServer | None, list[str]]:
+    """The C threads for the hot requests, unless turned off; and the line for the user's terminal
+    when they are wanted but cannot run here (a user must not find that in a log file)."""
     if options.native_threads <= 0:
         log.info("native request server off (--native-threads 0): Python answers every request")
-        return None
+        return None, []
     missing = native_server.available(index)
     if missing is not None:
-        log.warning("native request server unavailable, Python answers every request: %s", missing)
-        return None
+        return None, [unavailable("request server", missing)]
     region = native_server.region_for(index, options.region_ahead)
-    return native_server.NativeServer(
+    server = native_server.NativeServer(
         index,
         reader,
         CONTROL_NAME,
@@ -285,6 +293,7 @@ def _native_server(
         known,
         options.readdirplus == "auto",
     )
+    return server, []
 
 
 def _serve_first() -> None:

@@ -3,11 +3,11 @@
 A READDIR reply is a buffer of records: ``struct fuse_dirent`` (inode, offset of the next entry,
 name length, type) and the name, padded to 8 bytes; READDIRPLUS puts a ``struct fuse_entry_out``
 (inode, generation, timeouts, ``struct fuse_attr``) before each. libfuse fills one record per
-call, and at one Python call and one ``EntryAttributes`` per entry, listings took the daemon
-5-15 µs per entry: most of a cold ``find`` or ImageFolder scan over a million files. Here a run of
+call, and at one Python call and one ``EntryAttributes`` per entry, listings were most of what a
+cold ``find`` or ImageFolder scan over a million files waited for in the daemon. Here a run of
 consecutive index rows (a directory's children) becomes records in one call, handed to the patched
-pyfuse3's ``readdir_reply_raw``: a loop in C (``_dirents.c``, a few ns per entry) when it is built,
-else a few numpy array operations (~1-2 µs per entry, most of it per-call overhead).
+pyfuse3's ``readdir_reply_raw``: a loop in C (``_dirents.c``) when it is built, else a few numpy
+array operations (most of their time per-call overhead).
 """
 
 from __future__ import annotations
@@ -158,13 +158,31 @@ def _scatter(out: np.ndarray, starts: np.ndarray, records: np.ndarray) -> None:
     words[(starts // WORD)[:, None] + np.arange(width)] = records.view(np.uint64).reshape(-1, width)
 
 
-def built_for_this_index(library: ctypes.CDLL) -> bool:
-    """Was ``library`` (``_dirents.so`` or ``_server.so``) built for this dlfs's index format? One
-    left from before a format change would read the columns at the wrong widths."""
+def mismatch(library: ctypes.CDLL, mirrors: dict[str, type[ctypes.Structure]]) -> str | None:
+    """Why ``library`` (``_dirents.so`` or ``_server.so``) does not fit this dlfs, or None when it does.
+
+    One left from before a change to the index format would read the columns at the wrong widths,
+    and one whose structs differ from their ctypes ``mirrors`` (C struct name -> mirror) would
+    read and write their fields at the wrong places. So each library says the format it was built
+    for, and exports the layout of each such struct as ``dlfs_<name>_layout``: the number of
+    fields, the size, then each field's offset.
+    """
     try:
-        return ctypes.c_uint32.in_dll(library, "dlfs_index_format").value == fmt.FORMAT_VERSION
+        if ctypes.c_uint32.in_dll(library, "dlfs_index_format").value != fmt.FORMAT_VERSION:
+            return "was built for another index format"
     except ValueError:  # built before the library said
-        return False
+        return "was built for another index format"
+    for name, mirror in mirrors.items():
+        symbol = f"dlfs_{name}_layout"
+        try:
+            fields = ctypes.c_uint64.in_dll(library, symbol).value
+        except ValueError:  # built before the library said
+            return f"does not describe its struct {name}"
+        theirs = list((ctypes.c_uint64 * (fields + 2)).in_dll(library, symbol))
+        offsets = [getattr(mirror, field[0]).offset for field in mirror._fields_]
+        if theirs != [len(mirror._fields_), ctypes.sizeof(mirror), *offsets]:
+            return f"lays out struct {name} otherwise than {mirror.__module__}.{mirror.__qualname__}"
+    return None
 
 
 class Columns(ctypes.Structure):
@@ -232,11 +250,9 @@ class Encoder:
             log.info("index columns not in this host's byte order: listing directories with numpy")
             return None
         loaded = ctypes.CDLL(str(library))
-        if not built_for_this_index(loaded):
-            log.info(
-                "%s was built for another index format (make install rebuilds it): listing with numpy",
-                library.name,
-            )
+        reason = mismatch(loaded, {"columns": Columns, "reply": Reply})
+        if reason is not None:
+            log.info("%s %s (make install rebuilds it): listing with numpy", library.name, reason)
             return None
         self._columns = columns
         self._reply = Reply.of(self.inode_base, self.timeout, self.blksize)

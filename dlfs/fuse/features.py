@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-#: Each addition of the build, and what a mount does without it. The figures are those that decided
-#: the addition (docs/design.md).
+#: Each addition of the build, and what a mount does without it (docs/design.md has the figures
+#: that decided each addition).
 CONSEQUENCES: dict[str, str] = {
     "inode_as_fh_without_open": (
         "open/opendir are answered with a handle, so the kernel sends OPEN, FLUSH and RELEASE for "
@@ -20,22 +20,49 @@ CONSEQUENCES: dict[str, str] = {
     ),
     "readdir_plus_auto": (
         "every listing is READDIRPLUS, whatever --readdirplus says: a scan or find makes the kernel "
-        "build an inode per file (cold ImageFolder scan of 1.28 M files ~2.7x native instead of level)"
+        "build an inode per file (a cold ImageFolder scan takes several times native's time)"
     ),
     "readdir_reply_raw": (
         "directory replies are built one readdir_reply call and one EntryAttributes per entry "
-        "(5-15 us per entry in Python instead of 0.03-0.08 us from the C encoder)"
+        "(Python's cost per entry, hundreds of times the C encoder's)"
     ),
     "custom_io": (
         "every request is answered by pyfuse3's one Python thread instead of the native request "
         "server's C threads (an unmodified loader with shuffle=True: a LOOKUP, an IOCTL and a READ "
-        "per image at 50-650 us each)"
+        "per image, each a trip through the Python loop)"
     ),
     "dev_fuse_fd": (
         "the read-ahead reads, checks and pushes every file in Python instead of its C loop "
-        "(warm epoch, 8 readers: ~13k instead of ~19k files/s, daemon CPU ~1.5x)"
+        "(fewer files/s, more daemon CPU per file)"
     ),
 }
+
+
+#: What a mount loses when one of its C paths cannot run: the second half of the line ``dlfs mount``
+#: prints (docs/design.md has the measured cost of each).
+SLOWER_WITHOUT = {
+    "request server": "Python answers every request on one thread instead of the C threads, several "
+    "times slower for shuffled reads",
+    "read-ahead loop": "the read-ahead reads, checks and pushes every file in Python, with more daemon "
+    "CPU per file",
+}
+
+
+def readahead_loop_missing() -> str | None:
+    """Why the read-ahead's C loop cannot run in this process, or None when it can."""
+    from dlfs.readahead import native
+
+    if not native.LIBRARY.exists():
+        return f"{native.LIBRARY.name} is not built (make install builds it)"
+    if "dev_fuse_fd" not in installed_features():
+        return "pyfuse3 lacks dev_fuse_fd (tools/build_pyfuse3.py builds it)"
+    return None
+
+
+def unavailable(path: str, reason: str) -> str:
+    """The line a mount prints on the terminal when its C ``path`` (a key of ``SLOWER_WITHOUT``) is
+    unavailable: what, why, and what it costs."""
+    return f"the native {path} is unavailable ({reason}): {SLOWER_WITHOUT[path]}"
 
 
 def installed_features() -> frozenset[str]:

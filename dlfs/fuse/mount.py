@@ -16,12 +16,12 @@ import re
 import select
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlfs.core.errors import MountError
+from dlfs.core.interpreter import module_command
 from dlfs.core.store.interface import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -36,11 +36,15 @@ FSTYPE = "fuse.dlfs"
 STALE = "Transport endpoint is not connected"
 #: fusermount3's configuration: a user other than root may pass allow_other only when it says so.
 FUSE_CONF = Path("/etc/fuse.conf")
+FUSE_DEVICE = Path("/dev/fuse")
 
 
 @dataclass(frozen=True)
 class MountOptions:
     cache_size: int = 256 << 20
+    #: Bound on the daemon's resident memory, the budgets fitted to it (``dlfs.core.memory``);
+    #: None: only the machine's and the cgroup's memory bound them.
+    memory_limit: int | None = None
     allow_other: bool = False
     threads: int = 16
     log_file: str | None = None
@@ -130,9 +134,25 @@ def is_stale(mnt: str | os.PathLike[str]) -> bool:
     return False
 
 
+def check_fuse_device(device: Path = FUSE_DEVICE) -> None:
+    """Can this process open the FUSE device? libfuse opens it before mounting, for every user,
+    and reports a refusal only in the daemon's log; here it is one line on the terminal."""
+    try:
+        os.close(os.open(device, os.O_RDWR | os.O_CLOEXEC))
+    except FileNotFoundError:
+        raise MountError(
+            f"{device} is missing; load the fuse module (modprobe fuse) or run where FUSE works"
+        ) from None
+    except OSError as exc:
+        raise MountError(
+            f"cannot open {device}: {exc.strerror}; a user other than root needs read and write access "
+            f"to it: ask an administrator to allow it (chmod 0666 {device}, as Debian sets it), or mount "
+            "as root"
+        ) from None
+
+
 def check_mountpoint(mnt: Path) -> None:
-    if not Path("/dev/fuse").exists():
-        raise MountError("/dev/fuse is missing; load the fuse module (modprobe fuse) or run where FUSE works")
+    check_fuse_device()
     # First, from /proc: a FUSE mount whose daemon died answers anything else with ENOTCONN.
     fstype = mounted_fstype(mnt)
     if fstype == FSTYPE and is_stale(mnt):  # nothing is lost by taking it over: its daemon is gone
@@ -191,7 +211,7 @@ def spawn(
     log_file = Path(options.log_file) if options.log_file else default_log_file(mnt)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "dlfs.cli", *argv, "--foreground", "--ready-fd", str(write_end)]
+    command = module_command("dlfs.cli", *argv, "--foreground", "--ready-fd", str(write_end))
     try:
         with open(log_file, "ab") as log_out:
             child = subprocess.Popen(

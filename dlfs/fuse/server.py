@@ -1,12 +1,12 @@
 """The native request server: the mount's hot requests answered in C on several threads.
 
-Every request pyfuse3 answers waits for one Python thread (50-650 µs each), and an unmodified
-loader that follows no published order sends three per image: a LOOKUP, the IOCTL of Python's
-``open()`` (isatty) and a READ. ``_server.c`` reads all requests from ``/dev/fuse`` on ``threads``
-threads (clones of the session's descriptor) and answers LOOKUP, GETATTR and READ of the dataset's
-entries, listings that give files no attributes, IOCTL and STATFS from the index columns and the
-shards, never entering the interpreter; everything else reaches pyfuse3 unchanged through libfuse's
-custom I/O (``pyfuse3.custom_io``), so the control tree, listings with attributes and the
+Every request pyfuse3 answers waits for one Python thread, and an unmodified loader that follows no
+published order sends three per image: a LOOKUP, the IOCTL of Python's ``open()`` (isatty) and a
+READ. ``_server.c`` reads all requests from ``/dev/fuse`` on ``threads`` threads (clones of the
+session's descriptor), and its handlers (``_handlers.c``) answer LOOKUP, GETATTR and READ of the
+dataset's entries, listings that give files no attributes, IOCTL and STATFS from the index columns
+and the shards, never entering the interpreter; everything else reaches pyfuse3 unchanged through
+libfuse's custom I/O (``pyfuse3.custom_io``), so the control tree, listings with attributes and the
 read-ahead stay in Python, which gets FORGETs gathered into batches and the folders the C threads
 listed (``take_scanned``). What goes where, and why, is in docs/design.md.
 """
@@ -34,8 +34,8 @@ LIBRARY = Path(__file__).with_name("_server.so")
 OPCODES = 64
 #: How long ``close`` waits for the threads after the unmount.
 STOP_TIMEOUT_MS = 2000
-#: The region ``--region-ahead auto`` fetches around a file read from storage: ~36 ImageNet files,
-#: one request (see ``fetch_region`` in ``_server.c``).
+#: The region ``--region-ahead auto`` fetches around a file read from storage, in one request (see
+#: ``fetch_region`` in ``_handlers.c``).
 REGION = 4 << 20
 #: ``auto`` fetches regions only when the shards take at most this share of the machine's memory:
 #: beyond, a region would be evicted before the reader comes back for the rest of it.
@@ -52,7 +52,7 @@ OPCODE_NAMES = {
 
 
 class _Dataset(ctypes.Structure):
-    """``struct dataset`` of ``_server.c``."""
+    """``struct dataset`` of ``_handlers.h``."""
 
     _fields_ = [
         ("c", dirents.Columns),
@@ -77,7 +77,7 @@ class _Dataset(ctypes.Structure):
 
 
 class _Counts(ctypes.Structure):
-    """``struct counts`` of ``_server.c``."""
+    """``struct counts`` of ``_handlers.h``."""
 
     _fields_ = [
         ("answered", ctypes.c_uint64 * OPCODES),
@@ -105,11 +105,101 @@ def available(index: Index) -> str | None:
         return "the index's columns are not in this host's byte order"
     if not LIBRARY.exists():
         return f"{LIBRARY.name} is not built (make install builds it)"
-    if not dirents.built_for_this_index(ctypes.CDLL(str(LIBRARY))):
-        return f"{LIBRARY.name} was built for another index format (make install rebuilds it)"
+    mirrors = {"columns": dirents.Columns, "reply": dirents.Reply, "dataset": _Dataset, "counts": _Counts}
+    mismatch = dirents.mismatch(ctypes.CDLL(str(LIBRARY)), mirrors)
+    if mismatch is not None:
+        return f"{LIBRARY.name} {mismatch} (make install rebuilds it)"
     if "custom_io" not in getattr(pyfuse3, "dlfs_features", ()):
         return "pyfuse3 lacks custom_io (tools/build_pyfuse3.py builds it)"
     return None
+
+
+def _library() -> ctypes.CDLL:
+    """``_server.so``, with the signatures of what Python calls."""
+    lib = ctypes.CDLL(str(LIBRARY))
+    lib.dlfs_server_io.restype = ctypes.c_void_p
+    lib.dlfs_server_prepare.argtypes = [ctypes.c_void_p]
+    lib.dlfs_server_counts.argtypes = [ctypes.POINTER(_Counts)]
+    lib.dlfs_handlers_new.restype = ctypes.c_void_p
+    lib.dlfs_handlers_new.argtypes = [ctypes.POINTER(_Dataset)]
+    lib.dlfs_handlers_free.argtypes = [ctypes.c_void_p]
+    lib.dlfs_handlers_watch_reads.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.dlfs_handlers_take_scanned.restype = ctypes.c_int64
+    lib.dlfs_handlers_take_scanned.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.dlfs_handlers_scans_pending.restype = ctypes.c_int64
+    lib.dlfs_handlers_scans_pending.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+class Handlers:
+    """The C request handlers of one mount (``_handlers.c``): what they answer from and what their
+    threads share. ``shard_fds`` (a descriptor per shard, -1 for one Python reads) and ``wanted``
+    (``KernelKnowledge.wanted``) are kept here, as the index is by its owner: C holds pointers into
+    them until ``close``."""
+
+    def __init__(
+        self,
+        index: Index,
+        shard_fds: np.ndarray,
+        control_name: bytes,
+        timeout: float,
+        blksize: tuple[int, int],
+        statfs_block: int,
+        region: int,
+        wanted: np.ndarray,
+        readdirplus_auto: bool,
+    ) -> None:
+        columns = dirents.Columns.of(index)
+        if columns is None:
+            raise ValueError("index columns not in this host's byte order (see available())")
+        self.library = _library()
+        self._arrays = (shard_fds, wanted)
+        self.dataset = _Dataset(
+            c=columns,
+            r=dirents.Reply.of(pyfuse3.ROOT_INODE, timeout, blksize),
+            parent=index.parent.ctypes.data,
+            shard=index.shard.ctypes.data,
+            offset=index.offset.ctypes.data,
+            checksum=index.checksum.ctypes.data,
+            flags=index.flags.ctypes.data,
+            shard_fds=shard_fds.ctypes.data,
+            count=index.count,
+            statfs_blocks=-(-index.total_stored // statfs_block),
+            statfs_bsize=statfs_block,
+            control_name=control_name,
+            region=region,
+            wanted=wanted.ctypes.data,
+            readdirplus_auto=readdirplus_auto,
+            run_parent=index.run_parent.ctypes.data,
+            run_start=index.run_start.ctypes.data,
+            runs=index.run_start.size,
+        )
+        self.pointer = self.library.dlfs_handlers_new(ctypes.byref(self.dataset))
+        if not self.pointer:
+            raise MemoryError("no memory for the native request handlers")
+        self._scanned = np.empty(SCANNED_BATCH, dtype=np.uint64)
+
+    def watch_reads(self) -> None:
+        """Leave every READ of a dataset file to Python: the read-ahead follows readers by them."""
+        self.library.dlfs_handlers_watch_reads(self.pointer, 1)
+
+    def take_scanned(self) -> list[int]:
+        """Folders whose listings the handlers began without attributes for their files since the
+        last call: what ``FolderLister.scanned`` counts."""
+        taken: list[int] = []
+        take = self.library.dlfs_handlers_take_scanned
+        while n := take(self.pointer, self._scanned.ctypes.data, self._scanned.size):
+            taken += self._scanned[:n].tolist()
+        return taken
+
+    def scans_pending(self) -> int:
+        """Folders the handlers listed that ``take_scanned`` has not passed on yet."""
+        return int(self.library.dlfs_handlers_scans_pending(self.pointer))
+
+    def close(self) -> None:
+        """Once no thread answers with them."""
+        self.library.dlfs_handlers_free(self.pointer)
+        self.pointer = None
 
 
 class NativeServer:
@@ -130,47 +220,27 @@ class NativeServer:
     ) -> None:
         self.index = index
         self.known = known  # its ``wanted`` column is read by the C threads
-        self._lib = ctypes.CDLL(str(LIBRARY))
-        self._lib.dlfs_server_io.restype = ctypes.c_void_p
-        self._lib.dlfs_server_prepare.argtypes = [ctypes.POINTER(_Dataset)]
-        self._lib.dlfs_server_counts.argtypes = [ctypes.POINTER(_Counts)]
-        self._lib.dlfs_server_take_scanned.restype = ctypes.c_int64
-        self._lib.dlfs_server_take_scanned.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-        self._lib.dlfs_server_scans_pending.restype = ctypes.c_int64
-        # Kept here: the C side holds pointers into these for the life of the mount.
         descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
-        self._shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
+        shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
         #: Shards are files to pread; else (an object store) every READ of a file goes to Python.
-        self.reads_files = bool((self._shard_fds >= 0).all())
-        columns = dirents.Columns.of(index)
-        if columns is None:
-            raise ValueError("index columns not in this host's byte order (see available())")
-        self._dataset = _Dataset(
-            c=columns,
-            r=dirents.Reply.of(pyfuse3.ROOT_INODE, timeout, blksize),
-            parent=index.parent.ctypes.data,
-            shard=index.shard.ctypes.data,
-            offset=index.offset.ctypes.data,
-            checksum=index.checksum.ctypes.data,
-            flags=index.flags.ctypes.data,
-            shard_fds=self._shard_fds.ctypes.data,
-            count=index.count,
-            statfs_blocks=-(-index.total_stored // statfs_block),
-            statfs_bsize=statfs_block,
-            control_name=control_name,
-            region=region if self.reads_files else 0,
-            wanted=known.wanted.ctypes.data,
-            readdirplus_auto=readdirplus_auto,
-            run_parent=index.run_parent.ctypes.data,
-            run_start=index.run_start.ctypes.data,
-            runs=index.run_start.size,
+        self.reads_files = bool((shard_fds >= 0).all())
+        self.handlers = Handlers(
+            index,
+            shard_fds,
+            control_name,
+            timeout,
+            blksize,
+            statfs_block,
+            region if self.reads_files else 0,
+            known.wanted,
+            readdirplus_auto,
         )
+        self._lib = self.handlers.library
         self.threads = 0
-        self._scanned = np.empty(SCANNED_BATCH, dtype=np.uint64)
 
     def start(self, threads: int) -> None:
         """Take the mounted session's requests: from here on pyfuse3 sees only what C hands it."""
-        wait_fd = self._lib.dlfs_server_prepare(ctypes.byref(self._dataset))
+        wait_fd = self._lib.dlfs_server_prepare(self.handlers.pointer)
         if wait_fd < 0:
             raise OSError(-wait_fd, os.strerror(-wait_fd))
         # Threads first: if none starts, pyfuse3 keeps reading the device itself and nothing is lost.
@@ -180,7 +250,7 @@ class NativeServer:
             raise OSError(-started, f"cannot start the native request threads: {os.strerror(-started)}")
         self.threads = started
         pyfuse3.custom_io(self._lib.dlfs_server_io(), wait_fd)
-        region = self._dataset.region
+        region = self.handlers.dataset.region
         if not self.reads_files:
             reads = "READs of files answered in Python (the shards are not local files)"
         elif region:
@@ -190,21 +260,17 @@ class NativeServer:
         log.info("native request server: %d threads, %s", started, reads)
 
     def take_scanned(self) -> list[int]:
-        """Folders whose listings the C threads began without attributes for their files since the
-        last call: what ``FolderLister.scanned`` counts."""
-        taken: list[int] = []
-        while n := self._lib.dlfs_server_take_scanned(self._scanned.ctypes.data, self._scanned.size):
-            taken += self._scanned[:n].tolist()
-        return taken
+        """``Handlers.take_scanned``."""
+        return self.handlers.take_scanned()
 
     def scans_pending(self) -> int:
         """Folders the C threads listed that ``take_scanned`` has not passed on yet: work for the
         lister that the mount must count as not idle."""
-        return int(self._lib.dlfs_server_scans_pending())
+        return self.handlers.scans_pending()
 
     def watch_reads(self) -> None:
-        """Hand every READ of a dataset file to Python: the read-ahead follows readers by them."""
-        self._lib.dlfs_server_watch_reads(1)
+        """``Handlers.watch_reads``."""
+        self.handlers.watch_reads()
 
     def counts(self) -> dict[str, object]:
         """Requests answered in C and handed to Python, by kind, the C threads' CPU per kind, and
@@ -239,6 +305,9 @@ class NativeServer:
         return self.threads > 0 and not self._lib.dlfs_server_running()
 
     def close(self) -> None:
-        """After the unmount: wait for the threads (they stop once the kernel ends the session)."""
+        """After the unmount: wait for the threads (they stop once the kernel ends the session),
+        then free their handlers, unless some still serve (and answer with them)."""
         if self.threads and (left := self._lib.dlfs_server_stop(STOP_TIMEOUT_MS)):
             log.warning("%d native request threads still serve a busy lazily-unmounted mount", left)
+            return
+        self.handlers.close()

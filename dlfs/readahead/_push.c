@@ -2,8 +2,8 @@
  *
  * In Python every file cost the daemon more interpreter time and GIL hand-offs between the fetching
  * threads than the copies themselves. Called through ctypes, which lets go of the GIL, this loop
- * runs on both cores at once and costs about what its system calls cost. dlfs/push.py is its only
- * caller; build: `make install`.
+ * runs on both cores at once and costs about what its system calls cost. dlfs/readahead/native.py
+ * is its only caller; build: `make install`.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,7 +21,7 @@
 
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(__i386__)
-/* libxxhash picks the widest vector unit at run time (AVX2, AVX-512): 4x the default SSE2 here. */
+/* libxxhash picks the widest vector unit at run time (AVX2, AVX-512), faster than the default SSE2. */
 #include <xxh_x86dispatch.h>
 #define checksum XXH3_64bits_dispatch
 #else

@@ -77,7 +77,8 @@ class Prefetcher:
         #: The C loop's loader, once ``run`` found the kernel's session live and the library built.
         self.native: NativeLoader | None = None
         self._neighbours = StorageNeighbours(index)
-        self._follows: dict[tuple[int, int, int], Follow] = {}
+        #: By the reading's label: one epoch and rank of two datasets are two sequences.
+        self._follows: dict[str, Follow] = {}
         self._inflight = 0
         self._wake = trio.Event()
 
@@ -94,7 +95,7 @@ class Prefetcher:
         Resolving it again keeps the cursor (an epoch that restarts shows itself in the reads) and
         resumes a paused sequence: its reader announced itself.
         """
-        key = (reading.epoch, reading.world_size, reading.rank)
+        key = reading.label
         follow = self._follows.get(key)
         if follow is not None:
             self._heard(follow)
@@ -105,7 +106,7 @@ class Prefetcher:
             self.stats.wasted_files += int(dropped.done[dropped.cursor :].sum())
         self._follows[key] = follow = Follow.start(reading, self.index.size)
         follow.heard = trio.current_time()
-        log.info("following %s (%d files)", _name(follow), reading.rows.size)
+        log.info("following %s (%d files)", key, reading.rows.size)
         self._wake.set()
 
     def observe(self, row: int) -> None:
@@ -130,7 +131,9 @@ class Prefetcher:
         if follow.paused:
             follow.resume()
             self.stats.resumes += 1
-            log.info("%s: its reader is back at position %d, reading ahead", _name(follow), follow.cursor)
+            log.info(
+                "%s: its reader is back at position %d, reading ahead", follow.reading.label, follow.cursor
+            )
             self._wake.set()
 
     async def arrival(self, row: int) -> None:
@@ -173,7 +176,7 @@ class Prefetcher:
     def _pause(self, follow: Follow, now: float) -> None:
         follow.paused = True
         self.stats.pauses += 1
-        log.info("%s: no read for %.0f s, read-ahead paused", _name(follow), now - follow.heard)
+        log.info("%s: no read for %.0f s, read-ahead paused", follow.reading.label, now - follow.heard)
 
     def _fill(self, follow: Follow, nursery: trio.Nursery) -> bool:
         """Start batches of ``follow`` until its window is full (True) or ``max_inflight`` batches
@@ -251,11 +254,5 @@ class Prefetcher:
             "sentinel_every": self.sentinel_every,
             "inflight": self._inflight,
             "paused_readings": sum(follow.paused for follow in self._follows.values()),
-            "readings": {_name(follow): follow.summary() for follow in self._follows.values()},
+            "readings": {key: follow.summary() for key, follow in self._follows.items()},
         }
-
-
-def _name(follow: Follow) -> str:
-    """The sequence as ``.dlfs/stats`` names it: its order file's name."""
-    reading = follow.reading
-    return f"epoch-{reading.epoch}.rank-{reading.rank}-of-{reading.world_size}"

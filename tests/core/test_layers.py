@@ -70,8 +70,10 @@ def test_only_the_fuse_layer_imports_pyfuse3() -> None:
 
 
 def test_the_torch_module_needs_only_the_control_protocol() -> None:
+    """The protocol and, for the file set a sampler announces, numpy (which torch loads anyway)."""
     ours = {name for name in _imports(PACKAGE / "torch.py") if name.startswith("dlfs")}
-    assert ours <= {"dlfs.core.protocol", "dlfs.core.errors"}, ours
+    assert ours <= {"dlfs.core.protocol", "dlfs.core.errors", "dlfs.core.fileset"}, ours
+    assert {name for name in _imports(PACKAGE / "core" / "fileset.py") if name.startswith("dlfs")} == set()
     loaded = subprocess.run(
         [
             sys.executable,

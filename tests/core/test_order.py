@@ -116,3 +116,14 @@ def test_the_cli_offers_every_registered_mode() -> None:
     from dlfs.core.order import MODES
 
     assert tuple(MODES) == ORDER_MODES
+
+
+@settings(max_examples=200, deadline=None)
+@given(count=st.integers(0, 2000), spec=specs, epoch=st.integers(0, 100), world=st.integers(1, 9))
+def test_drop_last_gives_every_rank_floor_of_the_epoch_disjoint(
+    count: int, spec: OrderSpec, epoch: int, world: int
+) -> None:
+    shares = [epoch_order(count, spec, epoch, world, rank, drop_last=True) for rank in range(world)]
+    assert all(share.size == count // world for share in shares)
+    combined = np.concatenate(shares)
+    assert np.unique(combined).size == combined.size == count // world * world

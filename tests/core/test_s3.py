@@ -6,13 +6,14 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SHARD, assert_one_line_error, dlfs
+from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs
 
 from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
@@ -233,6 +234,20 @@ def test_wrong_bucket_credentials_or_endpoint_are_one_line_errors(
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     assert_one_line_error(dlfs("info", f"{s3}/x", check=False), "no AWS credentials")
+
+
+def test_without_credentials_no_request_goes_to_the_instance_metadata_service(
+    s3: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """botocore's chain asks 169.254.169.254 for an instance role when no credentials are set: right
+    on EC2, a packet off the machine in a test. Every connect() the command makes is traced."""
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    trace = tmp_path / "connects"
+    command = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *DLFS, "-q", "info", f"{s3}/x"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert_one_line_error(result, "no AWS credentials")
+    assert "169.254.169.254" not in trace.read_text()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ def test_control_tree_resolves_but_is_never_listed(packed: Path, mount) -> None:
     with mount(packed) as mnt:
         assert ".dlfs" not in os.listdir(mnt)
         assert os.path.isdir(Path(mnt) / ".dlfs")
-        assert sorted(os.listdir(Path(mnt) / ".dlfs")) == ["config", "order", "stats"]
+        assert sorted(os.listdir(Path(mnt) / ".dlfs")) == ["config", "files", "order", "set", "stats"]
         assert os.listdir(Path(mnt) / ".dlfs" / "order") == []
         assert os.stat(Path(mnt) / ".dlfs" / "..").st_ino == os.stat(mnt).st_ino
 

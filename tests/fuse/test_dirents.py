@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import stat
 import struct
 from pathlib import Path
@@ -52,7 +53,7 @@ BLKSIZE = (4096, 1 << 20)
 
 def _encoder(index: Index, native: bool) -> dirents.Encoder:
     encoder = dirents.Encoder(index, 1, 3600.0, BLKSIZE, dirents.LIBRARY if native else None)
-    assert encoder.native == native, "make install builds dlfs/_dirents.so"
+    assert encoder.native == native, "make install builds dlfs/fuse/_dirents.so"
     return encoder
 
 
@@ -126,3 +127,34 @@ def test_a_library_built_for_another_index_format_is_not_used(
     monkeypatch.setattr(fmt, "FORMAT_VERSION", fmt.FORMAT_VERSION + 1)
     assert not dirents.Encoder(index, 1, 3600.0, BLKSIZE).native
     assert "built for another index format" in (server.available(index) or "")
+
+
+@pytest.mark.parametrize(
+    "module, mirror, widened",
+    [
+        (dirents, "Columns", None),
+        (dirents, "Reply", "valid_nsec"),
+        (server, "_Dataset", "statfs_bsize"),
+        (server, "_Counts", None),
+    ],
+    ids=["columns-a-field-fewer", "reply-a-field-wider", "dataset-a-field-wider", "counts-a-field-fewer"],
+)
+def test_a_library_whose_structs_differ_from_their_mirrors_is_not_used(
+    packed: Path, monkeypatch: pytest.MonkeyPatch, module: object, mirror: str, widened: str | None
+) -> None:
+    """A mirror that differs from its C struct in its fields, its size or only an offset would read
+    and write fields at the wrong places: the library is left unused, and the reason names the
+    struct."""
+    index = Index.load(open_store(packed))
+    original = getattr(module, mirror)
+    fields = (
+        original._fields_[:-1]
+        if widened is None
+        else [(name, ctypes.c_uint64 if name == widened else kind) for name, kind in original._fields_]
+    )
+    methods = {name: original.__dict__[name] for name in ("of",) if name in original.__dict__}
+    monkeypatch.setattr(module, mirror, type(mirror, (ctypes.Structure,), {"_fields_": fields, **methods}))
+    struct_name = {"Columns": "columns", "Reply": "reply", "_Dataset": "dataset", "_Counts": "counts"}[mirror]
+    assert f"lays out struct {struct_name} otherwise" in (server.available(index) or "")
+    if module is dirents:
+        assert not dirents.Encoder(index, 1, 3600.0, BLKSIZE).native

@@ -221,3 +221,50 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
         exited = unmount_and_reap(mnt, pid)
         assert "Traceback" not in log_file.read_text()
     assert exited, "the daemon outlived the unmount"
+
+
+def _peak_resident(pid: int) -> int:
+    """The most resident memory process ``pid`` has had (``VmHWM``), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) << 10
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
+    soak_dataset: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """16 readers for 10 s, in two published orders and at random, every READ through Python and
+    its payload cache (``--native-threads 0``) so that the cache fills: the daemon's peak resident
+    memory stays within ``--memory-limit``, and the mount says which budgets it fitted to it."""
+    dataset, expected = soak_dataset
+    limit = 320 << 20
+    mnt, log_file = tmp_path / "mnt", tmp_path / "mnt.log"
+    mnt.mkdir()
+    result = dlfs(
+        "mount", dataset, mnt, "--log-file", log_file, "--native-threads", "0", "--memory-limit", "320MiB"
+    )
+    pid = mount_pid(result)
+    try:
+        warnings = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(warnings) == 1 and "--memory-limit 320M" in warnings[0], warnings
+        jobs = [
+            [
+                {"role": "order", "epoch": 0, "world": 1, "rank": 0, "worker": p, "workers": 4},
+                {"role": "order", "epoch": 1, "world": 1, "rank": 0, "worker": p, "workers": 4},
+                {"role": "random", "seed": 2 * p},
+                {"role": "random", "seed": 2 * p + 1},
+            ]
+            for p in range(4)
+        ]
+        readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 10)
+        results = finish_readers(readers, 90)
+        assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
+        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        assert stats["cache"]["evictions"] > 0, stats["cache"]  # it filled, and more
+        peak = _peak_resident(pid)
+        assert peak <= limit, f"peak RSS {peak >> 20} MiB over --memory-limit {limit >> 20} MiB"
+    finally:
+        exited = unmount_and_reap(mnt, pid)
+        assert "Traceback" not in log_file.read_text()
+    assert exited, "the daemon outlived the unmount"

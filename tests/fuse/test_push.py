@@ -1,4 +1,4 @@
-"""The read-ahead's C loop (``dlfs/_push.c``) against its contract, without a mount.
+"""The read-ahead's C loop (``dlfs/readahead/_push.c``) against its contract, without a mount.
 
 A pipe stands in for ``/dev/fuse``: every FUSE_NOTIFY_STORE message the loop writes can be read back
 and taken apart, so the tests see exactly what the kernel would be told.
@@ -34,7 +34,7 @@ PAYLOADS = [os.urandom(n) for n in (100, 0, 5000, 4097, 70_001, 1, 300_000)]
 @pytest.fixture
 def kernel() -> Iterator[tuple[int, int]]:
     """(read end, write end) of a pipe as large as a call's messages."""
-    assert LIBRARY.exists(), "make install builds dlfs/_push.so"
+    assert LIBRARY.exists(), "make install builds dlfs/readahead/_push.so"
     out, into = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     fcntl.fcntl(into, fcntl.F_SETPIPE_SZ, PIPE)
     try:

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    ORDINARY_USER,
+    PLANTED,
     TOOLS,
     as_user,
     assert_one_line_error,
     force_unmount,
     is_mounted,
     pid_alive,
+    plant,
     wait_until,
 )
 
@@ -158,14 +161,19 @@ print(prefetch()["pushed_files"], len(paths))
 """
 
 
-def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: Path) -> None:
+@pytest.mark.parametrize("where", PLANTED)
+def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: Path, where: str) -> None:
     """Also the read-ahead, which an unprivileged daemon runs without a detached view of its mount
-    (``open_tree`` needs CAP_SYS_ADMIN)."""
+    (``open_tree`` needs CAP_SYS_ADMIN); and the mount is started where code lies that its daemon
+    must never import."""
     dlfs = node / "bin" / "dlfs"
     dataset, mnt, log = user_dir / "dataset", user_dir / "mnt", user_dir / "mount.log"
     as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
     as_user("mkdir", mnt)
-    started = as_user(dlfs, "mount", dataset, mnt, "--log-file", log)
+    here = user_dir / "here"
+    marker = plant(here, where)
+    _run("chown", "-R", ORDINARY_USER, here)
+    started = as_user(dlfs, "mount", dataset, mnt, "--log-file", log, cwd=here)
     pid = 0
     try:
         pid = int(re.search(r"daemon pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
@@ -182,6 +190,23 @@ def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: 
             os.kill(pid, signal.SIGKILL)
     text = log.read_text()
     assert "not root: the daemon runs at normal priority" in text and "Traceback" not in text, text
+    assert not marker.exists()
+
+
+def test_a_user_who_cannot_open_dev_fuse_is_told_why_and_what_to_do(node: Path, user_dir: Path) -> None:
+    """libfuse's own reason reaches only the daemon's log; the terminal gets it in one line."""
+    dlfs = node / "bin" / "dlfs"
+    dataset, mnt = user_dir / "dataset", user_dir / "mnt"
+    as_user(dlfs, "-q", "pack", user_dir / "src", dataset)
+    as_user("mkdir", mnt)
+    mode = os.stat("/dev/fuse").st_mode
+    os.chmod("/dev/fuse", 0o600)
+    try:
+        result = as_user(dlfs, "mount", dataset, mnt, "--log-file", user_dir / "log", check=False)
+    finally:
+        os.chmod("/dev/fuse", mode)
+        force_unmount(mnt)
+    assert_one_line_error(result, "cannot open /dev/fuse: Permission denied", "chmod 0666 /dev/fuse")
 
 
 def test_allow_other_as_an_ordinary_user_names_user_allow_other(node: Path, user_dir: Path) -> None:

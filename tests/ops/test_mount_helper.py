@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from conftest import (
     DLFS,
+    PLANTED,
     assert_one_line_error,
     force_unmount,
     is_mounted,
     pid_alive,
+    plant,
     unmount_and_reap,
     wait_until,
 )
@@ -39,10 +41,13 @@ def installed() -> Path:
 
 
 @contextmanager
-def mounted_by_mount8(mnt: Path, *mount_args: str) -> Iterator[int]:
-    """Run mount(8) as given; yield the daemon's pid; always unmount and reap the daemon."""
+def mounted_by_mount8(mnt: Path, *mount_args: str, cwd: Path | None = None) -> Iterator[int]:
+    """Run mount(8) as given (from ``cwd``, if any); yield the daemon's pid; always unmount and reap
+    the daemon."""
     mnt.mkdir(exist_ok=True)
-    result = subprocess.run(["mount", *mount_args], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        ["mount", *mount_args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
     assert result.returncode == 0, result.stderr
     found = re.search(r"daemon pid (\d+)", result.stdout)
     exited = True
@@ -128,6 +133,19 @@ def test_an_fstab_line_mounts(installed: Path, packed: Path, tmp_path: Path) -> 
     with mounted_by_mount8(mnt, "-T", str(fstab), str(mnt)):
         assert json.loads((mnt / ".dlfs" / "config").read_bytes())["seed"] == 3
         assert (mnt / "plain.txt").read_bytes() == b"hello dlfs\n"
+
+
+@pytest.mark.parametrize("where", PLANTED)
+def test_mount_t_fuse_dlfs_never_imports_code_from_the_current_directory(
+    installed: Path, packed: Path, tmp_path: Path, where: str
+) -> None:
+    """mount(8) runs the helper in the administrator's current directory, as fstab's mounts do."""
+    here = tmp_path / "here"
+    marker = plant(here, where)
+    mnt = tmp_path / "mnt"
+    with mounted_by_mount8(mnt, "-t", "fuse.dlfs", str(packed), str(mnt), cwd=here):
+        assert (mnt / "plain.txt").read_bytes() == b"hello dlfs\n"
+    assert not marker.exists()
 
 
 def test_mount_with_an_unknown_option_says_which_in_one_line(

@@ -307,7 +307,10 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
         tmp_path,
         "--json",
     )
-    results = json.loads(out.stdout)
+    document = json.loads(out.stdout)
+    assert document["command"].startswith("tools/bench_scale.py --files 300")
+    assert document["machine"]["cores"] == os.cpu_count()
+    results = document["results"]
     assert results["entries"] == 300 + 3 + 1 and results["pack_seconds"] > 0
     assert results["rss_after_mount"] > 0 and results["mount_seconds"] > 0
     timed = (
@@ -335,7 +338,7 @@ def test_read_benchmark_reports_every_case(tmp_path: Path) -> None:
     each case's files/s and CPU per file as it goes."""
     out = tool(TOOLS / "bench_read.py", "--files", "200", "--classes", "2", "--readers", "2", "--repeat", "1",
                "--work", tmp_path, "--json")  # fmt: skip
-    results = json.loads(out.stdout)
+    results = json.loads(out.stdout)["results"]
     cases = ["native", "dlfs read-ahead", "dlfs read-ahead, always", "dlfs no read-ahead"]
     expected = {f"{case} {temperature}" for case in cases for temperature in ("warm", "cold")}
     assert set(results) == expected | {"dlfs read-ahead 2nd epoch warm"}

@@ -94,7 +94,7 @@ def test_transform_benchmark_packs_reads_and_compares(tmp_path: Path) -> None:
         "1",
         "--json",
     )
-    result = json.loads(out.stdout)
+    result = json.loads(out.stdout)["results"]
     plain, resized = result["packs"]["plain"], result["packs"]["resize:256"]
     assert plain["bytes"] == plain["source_bytes"] == resized["source_bytes"]
     assert resized["bytes"] < plain["bytes"] and resized["transformed_files"] == 24
