@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install wheels test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-node bench-report clean
+.PHONY: install install-system wheels node-bundle test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-node bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -14,27 +14,42 @@ NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
 NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
 	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h
 
-# As root, also the system's places for dlfs (README, Operations): /usr/local/bin/dlfs, the mount
-# helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this checkout's venv.
+# The checkout's venv with every extra: the FUSE daemon's (mount), s3, torch, bench, and the tests'
+# and benchmarks' tooling (test). It changes nothing outside the checkout.
 install: $(STAMP) $(NATIVE)
-	@if [ "$$(id -u)" -eq 0 ]; then $(BIN)/dlfs -q install-system --keep-links; \
-	else echo "not root: skipped dlfs install-system (mount helper, systemd unit, /usr/local/bin/dlfs)"; fi
 
 $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python tools/build_pyfuse3.py
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,torch,bench,s3]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mount,s3,torch,bench,test]'
 	touch $@
+
+# Only when asked, as root: the system's places for dlfs (README, Operations), /usr/local/bin/dlfs,
+# the mount helper /sbin/mount.fuse.dlfs and the systemd unit dlfs@.service, linked to this
+# checkout's venv (a link to another install that still exists is left as it is). Every user must
+# be able to reach the venv's Python for the links to work for them.
+install-system: install
+	$(BIN)/dlfs install-system --keep-links
 
 $(NATIVE) &: setup.py $(NATIVE_SOURCES) | $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace --force
 
 # Wheels for nodes that are not a checkout (README, Operations): dlfs's, with its C loops, and the
-# pyfuse3 build it pins; a node installs them with pip install --find-links dist, no compiler needed.
+# pyfuse3 build it pins; a node installs them with pip install --find-links dist 'dlfs-data[mount]',
+# no compiler needed, and a trainer's image installs dlfs's alone (dlfs.torch needs no FUSE).
+# setuptools builds in build/ and never removes a module that has left the package: cleared first.
 wheels: $(STAMP)
 	$(BIN)/python tools/build_pyfuse3.py --wheel-dir dist
-	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir dist .
+	rm -rf build/lib.* build/bdist.*
+	$(BIN)/pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
+
+# dist/node/: what a bare Debian node installs dlfs from with no network, for Python 3.11 and 3.12
+# (tools/node_bundle.py says what it holds; dist/node/install.sh VENV installs it). The tests
+# install from it too: they run without a network, so it is made before them.
+node-bundle: $(STAMP)
+	$(BIN)/python tools/node_bundle.py --out dist/node
+test: node-bundle
 
 # Pillow-SIMD, the codec of dlfs pack --transform (dlfs/pack/images.py): twice Pillow's speed on
 # the resize, in a folder of its own because torchvision needs Pillow itself; AVX2 where the CPU
@@ -69,7 +84,7 @@ format: install
 
 # Every benchmark writes its raw JSON (and plots) into docs/; bench-report turns them into docs/benchmarks.md.
 # Data is generated under bench-data/ on first use.
-# The 1.28 M-file metadata benchmark of issue 2 (takes a few minutes, needs ~6 GB of disk).
+# The metadata benchmark at ImageNet's 1.28 M files (takes a few minutes, needs ~6 GB of disk).
 bench-scale: install
 	$(BIN)/python tools/bench_scale.py --files 1281167 --readdirplus always --json > docs/bench-scale-always.json
 	$(BIN)/python tools/bench_scale.py --files 1281167 --readdirplus auto --reuse-dataset --json \

@@ -1,4 +1,5 @@
-"""Build dlfs's C loops into the package, for ``pip install`` and ``pip wheel`` as for ``make install``.
+"""Build dlfs's C loops into the package, for ``pip install`` and ``pip wheel`` as for ``make install``,
+and say which packages the distribution holds.
 
 The loops are plain shared libraries loaded with ctypes (``dlfs/readahead/_push.so``,
 ``dlfs/fuse/_dirents.so``, ``dlfs/fuse/_server.so``), not Python extension modules: they keep those
@@ -6,6 +7,10 @@ names, whatever the interpreter, and include no Python header. This file is the 
 says how each is compiled and linked; the Makefile builds them in place through it.
 
 A missing prerequisite is named in one line with its Debian package, before any compiler runs.
+
+The packages are every ``dlfs.*`` folder, found, plus ``dlfs.systemd``: the project's top-level
+``systemd/`` folder, which a wheel carries as ``dlfs/systemd`` so that ``dlfs install-system`` finds
+the unit in any install (``dlfs/system_install.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 #: Warnings are errors: the loops speak the kernel's wire format, where a sloppy cast is a bug.
@@ -72,6 +77,9 @@ class BuildLoops(build_ext):
 
 
 setup(
+    packages=[*find_packages(include=["dlfs", "dlfs.*"]), "dlfs.systemd"],
+    package_dir={"dlfs.systemd": "systemd"},
+    package_data={"dlfs.systemd": ["*.service"]},
     ext_modules=[
         Extension(
             "dlfs.readahead._push",

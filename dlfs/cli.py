@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlfs import __version__, logs
-from dlfs.core.errors import DlfsError
+from dlfs.core.errors import DatasetError, DlfsError
 from dlfs.core.store.interface import StoreOptions
 from dlfs.fuse.mount import READY_TIMEOUT, MountOptions
 
@@ -275,10 +275,24 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(leftovers: list[str]) -> str:
+    return f"{', '.join(leftovers)} (the next dlfs pack into it removes them)"
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     from dlfs.core import format as fmt
+    from dlfs.pack.destination import leftovers_at
 
-    index = _load_index(args)
+    try:
+        index = _load_index(args)
+    except DatasetError as exc:  # no dataset, but perhaps what a killed pack left
+        try:
+            left = leftovers_at(args.dataset, _store_options(args), None).names()
+        except DlfsError:
+            left = []
+        if left:
+            raise DatasetError(f"{exc}; it holds what an interrupted pack left: {_listed(left)}") from None
+        raise
     kinds = index.mode & fmt.TYPE_MASK
     files = kinds == stat.S_IFREG
     info = {
@@ -296,6 +310,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(index.meta.get("created_ns", 0) / 1e9)),
         "transform": index.transform or "none",
         "build": index.meta.get("build", {}),
+        "leftovers": leftovers_at(args.dataset, _store_options(args), index.dataset_id).names(),
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -303,6 +318,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for key, value in info.items():
         if key == "build":
             value = " ".join(f"{k}={v}" for k, v in value.items())
+        elif key == "leftovers":
+            value = _listed(value) if value else "none"
         elif key in ("bytes", "stored_bytes"):
             value = f"{value} ({_human(value)})"
         print(f"{key + ':':<18}{value}")
@@ -427,7 +444,7 @@ class _Version(argparse.Action):
                 f"obstore {metadata.version('obstore')}, boto3 {metadata.version('boto3')}: s3:// datasets"
             )
         except metadata.PackageNotFoundError:
-            lines.append("no s3 extra: s3:// datasets need pip install 'dlfs[s3]'")
+            lines.append("no s3 extra: s3:// datasets need pip install 'dlfs-data[s3]'")
         print("\n".join(lines))
         parser.exit()
 

@@ -4,10 +4,11 @@ system looks for them.
 pip installs ``dlfs`` and ``mount.fuse.dlfs`` into a venv's ``bin``, which neither mount(8) (it
 runs ``/sbin/mount.fuse.dlfs`` for ``-t fuse.dlfs``) nor a systemd unit (it needs one fixed path)
 knows. Links from the fixed places to the venv make fstab lines, ``dlfs@.service`` and a plain
-``dlfs`` on PATH work the same whichever way dlfs was installed: ``make install``, a venv from
-wheels, pipx. Running it again replaces the links (a newer venv) and changes nothing otherwise;
-with ``keep_links`` (``make install``) a link to another install that still exists is left as it
-is, so testing a checkout on a node does not take its dlfs away from a production venv.
+``dlfs`` on PATH work the same whichever way dlfs was installed: a checkout's venv, a venv from
+wheels or from the node bundle, pipx. Nothing runs it unasked. Running it again replaces the links
+(a newer venv) and changes nothing otherwise; with ``keep_links`` (``make install-system``) a link to
+another install that still exists is left as it is, so testing a checkout on a node does not take
+its dlfs away from a production venv.
 
 The unit goes where packages put theirs (``/usr/local/lib/systemd/system``), so an administrator's
 copy or drop-in under ``/etc/systemd/system`` overrides it, and only a unit dlfs wrote (its first
@@ -20,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 from dlfs.core.errors import DlfsError
@@ -34,8 +34,13 @@ CONFIG_DIR = Path("etc/dlfs")
 
 
 def unit_text() -> str:
-    """The systemd template unit shipped in the package (``dlfs/systemd/dlfs@.service``)."""
-    return resources.files("dlfs").joinpath("systemd", "dlfs@.service").read_text()
+    """The systemd template unit, written once in the project's ``systemd/`` folder: a wheel carries
+    it as ``dlfs/systemd`` (setup.py), a checkout (``pip install -e``) reads the folder itself."""
+    package = Path(__file__).parent
+    for folder in (package / "systemd", package.parent / "systemd"):
+        if (folder / UNIT.name).is_file():
+            return (folder / UNIT.name).read_text()
+    raise DlfsError(f"{UNIT.name} is missing from this install of dlfs ({package}); reinstall dlfs")
 
 
 def _link(path: Path, target: Path, keep_links: bool) -> str | None:

@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from seaweed import SeaweedServer, Tls
 
-from dlfs.bench.seaweed import SeaweedServer, Tls
+from dlfs import system_install
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
@@ -434,3 +435,42 @@ def plant(directory: Path, where: str) -> Path:
     module.parent.mkdir(parents=True, exist_ok=True)
     module.write_text(f"import os\nopen({str(marker)!r}, 'w').write(str(os.getuid()))\n")
     return marker
+
+
+def _system_state(path: Path) -> tuple[str, str | bytes | None]:
+    if path.is_symlink():
+        return "link", os.readlink(path)
+    if path.is_file():
+        return "file", path.read_bytes()
+    return ("dir", None) if path.is_dir() else ("absent", None)
+
+
+def _restore_system_state(path: Path, state: tuple[str, str | bytes | None]) -> None:
+    kind, value = state
+    if kind == "dir" or (kind == "absent" and not os.path.lexists(path)):
+        return
+    if path.is_dir() and not path.is_symlink():
+        if not any(path.iterdir()):  # the configuration directory, unless someone wrote into it
+            path.rmdir()
+        return
+    path.unlink(missing_ok=True)
+    if kind == "link":
+        path.symlink_to(str(value))
+    elif kind == "file":
+        path.write_bytes(value)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def system_links() -> Iterator[Path]:
+    """``dlfs install-system`` for real: mount(8) looks for the helper in /sbin only, and the unit runs
+    ``/usr/local/bin/dlfs``. Linked to this interpreter's venv for the tests that need it, then put
+    back as it was: nothing else installs system links unless asked (``make install-system``)."""
+    paths = [Path("/") / p for p in (system_install.COMMAND, system_install.HELPER, system_install.UNIT)]
+    paths.append(Path("/") / system_install.CONFIG_DIR)
+    saved = {path: _system_state(path) for path in paths}
+    try:
+        subprocess.run([*DLFS, "-q", "install-system"], check=True, timeout=60)
+        yield Path("/")
+    finally:
+        for path, state in saved.items():
+            _restore_system_state(path, state)

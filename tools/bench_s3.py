@@ -2,7 +2,7 @@
 """dlfs over S3 against one object per file, on a real S3 server behind a shaped network.
 
 The server is SeaweedFS in a network namespace whose link is capped (``tbf``) and delayed by a
-proxy (``dlfs.bench.netshape``; default 1 Gbit/s, 10 ms RTT), so loopback does not flatter either
+proxy (``tools/netshape.py``; default 1 Gbit/s, 10 ms RTT), so loopback does not flatter either
 side. On one generated ImageNet-shaped tree (the 20k JPEGs of bench-read):
 
 1. upload: one object per file with a pool of threads (the best of --threads, chosen on a subset of
@@ -39,10 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchdoc import print_document
 from benchlib import DLFS, dlfs_mount, drop_caches, ensure_packed, rss_bytes
+from netshape import shaped_seaweed
+from s3_baselines import Result, get_objects, memcached_latency, s3_store, upload_objects
 
 from dlfs import bench
-from dlfs.bench import objects
-from dlfs.bench.netshape import shaped_seaweed
 from dlfs.bench.probes import proc_cpu, rusage_cpu
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
@@ -121,11 +121,11 @@ def epoch(
 
 
 def best(
-    counts: list[int], work: Callable[[int], objects.Result], processes: dict[str, int] | None = None
-) -> tuple[int, objects.Result, dict, dict[str, float]]:
+    counts: list[int], work: Callable[[int], Result], processes: dict[str, int] | None = None
+) -> tuple[int, Result, dict, dict[str, float]]:
     """The thread count whose run moved the most objects per second, every run's figure, and what
     ``cpu_used`` measured of ``processes`` during that run."""
-    tried: dict[int, tuple[objects.Result, dict[str, float]]] = {}
+    tried: dict[int, tuple[Result, dict[str, float]]] = {}
     for threads in counts:
         with cpu_used(processes or {}) as used:
             result = work(threads)
@@ -206,7 +206,7 @@ def main() -> None:
         client.create_bucket(Bucket=BUCKET)  # one: SeaweedFS gives each bucket volumes of its own
         env = s3.env()
         url = f"s3://{BUCKET}/packed/train"
-        per_file = objects.s3_store(env, BUCKET, "objects/train")
+        per_file = s3_store(env, BUCKET, "objects/train")
 
         # 1. Upload.
         probe = args.s3_work / "probe"
@@ -215,16 +215,16 @@ def main() -> None:
             os.link(src / key, probe / key)
         threads, _, tried, _ = best(
             args.threads,
-            lambda t: objects.upload_objects(objects.s3_store(env, BUCKET, f"probe-{t}"), probe, t),
+            lambda t: upload_objects(s3_store(env, BUCKET, f"probe-{t}"), probe, t),
         )
         shape = {"server": s3.server.pid, "proxy": s3.proxy.pid}
         with_threads = shape | {"threads": os.getpid()}  # one object per file: this process's pool
         with cpu_used(with_threads) as objects_cpu:
-            per_object = objects.upload_objects(per_file, src, threads)
+            per_object = upload_objects(per_file, src, threads)
         children = rusage_cpu(resource.RUSAGE_CHILDREN)
         with cpu_used(shape) as pack_cpu:
             subprocess.run([*DLFS, "-q", "pack", str(src), url], check=True, capture_output=True)
-        packed = objects.Result.of(len(keys), total, pack_cpu["wall"])
+        packed = Result.of(len(keys), total, pack_cpu["wall"])
         pack_cpu["pack"] = round(rusage_cpu(resource.RUSAGE_CHILDREN) - children, 2)
         results["upload"] = {
             "objects": per_object.__dict__
@@ -244,7 +244,7 @@ def main() -> None:
                 orders[mode] = bench.published_order([bench.Root("dlfs", str(mnt))], epoch=0)
         drop_caches()
         threads, got, tried, get_cpu = best(
-            args.threads, lambda t: objects.get_objects(per_file, orders["full"], t), with_threads
+            args.threads, lambda t: get_objects(per_file, orders["full"], t), with_threads
         )
         results["epoch"] = {
             "objects": got.__dict__ | {"threads": threads, "tried_objects_per_s": tried, "cpu": get_cpu}
@@ -304,7 +304,7 @@ def main() -> None:
             "local_cold": local_tier,
             "second_vs_local": second["items_per_s"] / local_tier["items_per_s"],
             "hit_latency": hit_latency(url, cache, args.latency_samples),
-            "memcached_get": objects.memcached_latency(110_000, args.latency_samples),
+            "memcached_get": memcached_latency(110_000, args.latency_samples),
         }
         say(
             f"disk tier: first {first['items_per_s']:,.0f}/s, later {second['items_per_s']:,.0f}/s "

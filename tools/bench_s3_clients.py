@@ -20,10 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import obstore
 from boto3.s3.transfer import TransferConfig
+from s3_baselines import s3_store
+from seaweed import SeaweedServer
 
-from dlfs.bench.objects import s3_store
 from dlfs.bench.probes import rusage_cpu
-from dlfs.bench.seaweed import SeaweedServer
 
 BUCKET = "clients"
 PART = 16 << 20

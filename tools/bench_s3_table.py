@@ -27,7 +27,7 @@ def link(data: Json) -> list[str]:
     out += [
         f"{r['files']:,} JPEGs ({r['bytes'] / 1e9:.2f} GB) on a real S3 server (SeaweedFS) in a network "
         f"namespace behind a {o['rate_mbit']:g} Mbit/s `tbf` cap and a proxy adding {o['rtt_ms']:g} ms of "
-        "round trip (`dlfs.bench.netshape`), so loopback flatters neither side. *Objects*: one object "
+        "round trip (`tools/netshape.py`), so loopback flatters neither side. *Objects*: one object "
         f"per file, PUT and GET by a pool of threads (the best of {', '.join(map(str, o['threads']))}). "
         f"Epochs: every file in the published order by {o['readers']} reader processes in batches of "
         f"{o['batch']}, through a fresh mount, page cache dropped first. One run.",

@@ -35,17 +35,20 @@ docs/design.md (which also says which ones could go upstream) point here.
 
 The module gets ``pyfuse3.dlfs_features`` (the five names above) so that dlfs can tell this build
 from a stock one: on stock pyfuse3 every path still works, slower, and the mount's log names what
-is missing (``dlfs/fuse/features.py``). The version to build is read from the ``pyfuse3==`` pin in
-pyproject.toml, whose local tag (``+dlfs.N``) no index carries: a plain ``pip install dlfs`` fails
-instead of running on stock pyfuse3, while ``make install`` runs this script first and then finds
-the pin satisfied. Change a patch: bump the tag in the pin. Each edit asserts its anchor, so a
-changed upstream source fails loudly here instead of building something else.
+is missing (``dlfs/fuse/features.py``). The version to build is read from the ``pyfuse3==`` pin of
+pyproject.toml's ``mount`` extra, whose local tag (``+dlfs.N``) no index carries: a plain
+``pip install 'dlfs-data[mount]'`` fails instead of running on stock pyfuse3, while ``make install``
+runs this script first and then finds the pin satisfied. Change a patch: bump the tag in the pin.
+Each edit asserts its anchor, so a changed upstream source fails loudly here instead of building
+something else.
 
 Run by the Python it installs into (``VENV/bin/python tools/build_pyfuse3.py``): it builds a wheel
 once into ``build/pyfuse3/dist`` and installs that, so a second venv on the machine reuses it.
 ``--wheel-dir DIR`` only puts the wheel in ``DIR``, beside dlfs's own for nodes that install both
-with ``pip install --find-links DIR`` and have no compiler (README, *Operations*). What the build
-needs and the machine lacks is said in one line naming the Debian packages, before pip starts.
+with ``pip install --find-links DIR`` and have no compiler (README, *Operations*). ``--source-dir
+DIR`` puts the patched source in ``DIR`` instead, as ``pyfuse3-X.Y.Z+dlfs.N.tar.gz``, for nodes that
+compile it themselves (``make node-bundle``). What the build needs and the machine lacks is said in
+one line naming the Debian packages, before pip starts.
 """
 
 from __future__ import annotations
@@ -67,13 +70,13 @@ WORK = PYPROJECT.parent / "build" / "pyfuse3"
 
 
 def pinned_version() -> tuple[str, str]:
-    """(upstream version, local tag) of pyproject's ``pyfuse3==X.Y.Z+dlfs.N``: the one place the
-    build's version is written, so that the wheel built here is the one the package requires."""
-    for requirement in tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]:
+    """(upstream version, local tag) of the mount extra's ``pyfuse3==X.Y.Z+dlfs.N``: the one place
+    the build's version is written, so that the wheel built here is the one the package requires."""
+    for requirement in tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["mount"]:
         match = re.fullmatch(r"pyfuse3\s*==\s*(\d+\.\d+\.\d+)\+(dlfs\.\d+)", requirement.strip())
         if match:
             return match[1], match[2]
-    raise SystemExit(f"{PYPROJECT}: no 'pyfuse3==X.Y.Z+dlfs.N' dependency to build")
+    raise SystemExit(f"{PYPROJECT}: no 'pyfuse3==X.Y.Z+dlfs.N' in the mount extra to build")
 
 
 VERSION, LOCAL = pinned_version()
@@ -206,14 +209,8 @@ def missing_packages() -> list[str]:
     return missing
 
 
-def build_wheel(dist: Path) -> None:
-    """Download pyfuse3's source, patch it and build its wheel into ``dist``."""
-    missing = missing_packages()
-    if missing:
-        raise SystemExit(
-            f"cannot build pyfuse3 {VERSION}+{LOCAL}: missing Debian package(s) {' '.join(missing)} "
-            f"(apt-get install {' '.join(missing)})"
-        )
+def patched_source() -> Path:
+    """Download pyfuse3's source (once) and unpack it, patched, into ``WORK``; its directory."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     sdist = WORK / f"pyfuse3-{VERSION}.tar.gz"
     if not sdist.exists():
@@ -227,6 +224,29 @@ def build_wheel(dist: Path) -> None:
     with tarfile.open(sdist) as archive:
         archive.extractall(WORK, filter="data")
     _patch(source)
+    return source
+
+
+def write_source(out: Path) -> Path:
+    """The patched source as an sdist-like archive in ``out``, named after the build's version: a node
+    builds it with ``SETUPTOOLS_SCM_PRETEND_VERSION`` set to that version."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"pyfuse3-{VERSION}+{LOCAL}"
+    with tarfile.open(out / f"{name}.tar.gz", "w:gz") as archive:
+        archive.add(patched_source(), arcname=name)
+    return out / f"{name}.tar.gz"
+
+
+def build_wheel(dist: Path) -> None:
+    """Patch pyfuse3's source and build its wheel into ``dist``."""
+    missing = missing_packages()
+    if missing:
+        raise SystemExit(
+            f"cannot build pyfuse3 {VERSION}+{LOCAL}: missing Debian package(s) {' '.join(missing)} "
+            f"(apt-get install {' '.join(missing)})"
+        )
+    source = patched_source()
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     env = {**os.environ, "SETUPTOOLS_SCM_PRETEND_VERSION": f"{VERSION}+{LOCAL}"}
     print(f"building pyfuse3 {VERSION}+{LOCAL} ({', '.join(FEATURES)})", flush=True)
     subprocess.run([*pip, "wheel", "--no-deps", "--wheel-dir", str(dist), str(source)], check=True, env=env)
@@ -252,8 +272,12 @@ def wheel_in(dist: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build and install dlfs's pyfuse3 build.")
     parser.add_argument("--wheel-dir", type=Path, help="only build the wheel, into this directory")
+    parser.add_argument("--source-dir", type=Path, help="only write the patched source, into this directory")
     args = parser.parse_args(argv)
     dist = WORK / "dist"
+    if args.source_dir is not None:
+        write_source(args.source_dir)
+        return
     if args.wheel_dir is not None:
         if wheel_in(dist) is None:
             build_wheel(dist)

@@ -82,7 +82,7 @@ def plot(results: Sequence[Result], out: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise BenchError("--plot needs matplotlib: pip install 'dlfs[bench]'") from exc
+        raise BenchError("--plot needs matplotlib: pip install 'dlfs-data[bench]'") from exc
     jobs = list(dict.fromkeys(r.job for r in results))
     fig, axes = plt.subplots(len(jobs), 2, figsize=(11, 2.8 * len(jobs)), squeeze=False)
     for row, job in enumerate(jobs):

@@ -5,6 +5,7 @@ Run in the foreground by ``dlfs mount``'s child process or directly under system
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -24,8 +25,7 @@ from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
 from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS
-from dlfs.core.store import CachedStore, Store, index_copies, is_s3, open_store
-from dlfs.core.store.s3 import S3Store
+from dlfs.core.store import Store, index_copies, is_s3, open_store
 from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.features import log_pyfuse3_features, readahead_loop_missing, unavailable
@@ -124,99 +124,115 @@ async def _terminate_on_signal() -> None:
 
 def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[str]], None]) -> None:
     """Mount in this process and serve until unmounted; ``ready`` is called once the mount is live,
-    with the warnings the user should see (budgets clamped to the memory available)."""
+    with the warnings the user should see (budgets clamped to the memory available).
+
+    Every resource the mount opens is closed by one exit stack, in the reverse order: the metrics
+    endpoint, the daemon's view of the mount, the FUSE session (unmounting), the native threads,
+    the store."""
     started = time.monotonic()
-    store = open_store(dataset, random_access=True, options=options.store)
-    log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
-    index = Index.load(store, index_copies(options.store))
-    log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
-    if index.transform:
-        log.info("transform %s: the mount serves the transformed bytes", index.transform)
-    index.check_shards(store)
-    mountpoint = Path(mnt)
-    check_mountpoint(mountpoint)
-    check_allow_other(options.allow_other)
-    options, notes = _fit_memory(options, store)
-    # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
-    # cache, so the cache holds its budget on top of what demand reads get.
-    cache = PayloadCache(options.cache_size + options.prefetch_budget)
-    reader = TrioReader(index, store, cache, max_threads=options.threads)
-    # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach the
-    # kernel files and by the read-ahead's kernel, which steers those listings.
-    known = KernelKnowledge(index)
-    resolved = mountpoint.resolve()  # before mounting: resolving it after would ask this daemon
-    pages = MountPageCache(str(resolved))
-    listing = MountListing(index, known, pages)
-    lister = FolderLister(index, listing.list_folder, after_scans=options.prefetch_budget > 0)
-    prefetcher = None
-    if options.prefetch_budget > 0:
-        kernel = FuseKernel(index, known, pages, lister)
-        prefetcher = Prefetcher(
-            index,
-            reader,
-            kernel,
-            budget=options.prefetch_budget,
-            max_inflight=options.prefetch_inflight,
-            pause_after=options.prefetch_pause,
+    with contextlib.ExitStack() as resources:
+        store = open_store(dataset, random_access=True, options=options.store)
+        resources.callback(store.close)
+        log.info("loading the index of %s", dataset)  # it is read whole: the wait a slow disk shows
+        index = Index.load(store, index_copies(options.store))
+        log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
+        if index.transform:
+            log.info("transform %s: the mount serves the transformed bytes", index.transform)
+        index.check_shards(store)
+        mountpoint = Path(mnt)
+        check_mountpoint(mountpoint)
+        check_allow_other(options.allow_other)
+        options, notes = _fit_memory(options, store)
+        # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
+        # cache, so the cache holds its budget on top of what demand reads get.
+        cache = PayloadCache(options.cache_size + options.prefetch_budget)
+        reader = TrioReader(index, store, cache, max_threads=options.threads)
+        # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach
+        # the kernel files and by the read-ahead's kernel, which steers those listings.
+        known = KernelKnowledge(index)
+        resolved = mountpoint.resolve()  # before mounting: resolving it after would ask this daemon
+        pages = MountPageCache(str(resolved))
+        listing = MountListing(index, known, pages)
+        lister = FolderLister(index, listing.list_folder, after_scans=options.prefetch_budget > 0)
+        prefetcher = None
+        if options.prefetch_budget > 0:
+            kernel = FuseKernel(index, known, pages, lister)
+            prefetcher = Prefetcher(
+                index,
+                reader,
+                kernel,
+                budget=options.prefetch_budget,
+                max_inflight=options.prefetch_inflight,
+                pause_after=options.prefetch_pause,
+            )
+        spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
+        requests: Counter[str] = Counter()
+        read_latency = [0] * LATENCY_BUCKETS
+        native, missing = _native_server(index, reader, known, options)
+        if prefetcher is not None and (reason := readahead_loop_missing()) is not None:
+            missing.append(unavailable("read-ahead loop", reason))
+        if native is not None:
+            resources.callback(native.close)  # after the unmount: its threads stop with the session
+
+        def stats() -> dict[str, object]:
+            counted = store.stats()
+            return {
+                "requests": dict(requests),
+                "cache": cache.stats(),
+                "storage": {
+                    "reads": reader.storage_reads,
+                    "bytes": reader.storage_bytes,
+                    "waits": reader.storage_waits,
+                    "wait_seconds": round(reader.storage_wait_seconds, 6),
+                },
+                "read_latency_us_log2": list(read_latency),
+                "read_seconds": round(operations.read_seconds, 6),
+                "disk_cache": counted.get("disk_cache"),
+                "store": counted.get("store"),
+                "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
+                "native": native.counts() if native is not None else None,
+                "listed_folders": lister.listed,
+                # Listings the C threads answered count until the lister has taken them (_relay_scans).
+                "listing_folders": lister.pending + (native.scans_pending() if native is not None else 0),
+                "uptime_seconds": round(time.monotonic() - started, 3),
+            }
+
+        control = ControlTree(index, spec, stats)
+        operations = DlfsOperations(
+            index, reader, control, prefetcher, lister, known, requests, native, read_latency
         )
-    spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
-    requests: Counter[str] = Counter()
-    read_latency = [0] * LATENCY_BUCKETS
-    native, missing = _native_server(index, reader, known, options)
-    if prefetcher is not None and (reason := readahead_loop_missing()) is not None:
-        missing.append(unavailable("read-ahead loop", reason))
-
-    def stats() -> dict[str, object]:
-        return {
-            "requests": dict(requests),
-            "cache": cache.stats(),
-            "storage": {
-                "reads": reader.storage_reads,
-                "bytes": reader.storage_bytes,
-                "waits": reader.storage_waits,
-                "wait_seconds": round(reader.storage_wait_seconds, 6),
-            },
-            "read_latency_us_log2": list(read_latency),
-            "read_seconds": round(operations.read_seconds, 6),
-            "disk_cache": store.stats() if isinstance(store, CachedStore) else None,
-            "store": _store_counts(store),
-            "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
-            "native": native.counts() if native is not None else None,
-            "listed_folders": lister.listed,
-            # Listings the C threads answered count until the lister has taken them (_relay_scans).
-            "listing_folders": lister.pending + (native.scans_pending() if native is not None else 0),
-            "uptime_seconds": round(time.monotonic() - started, 3),
-        }
-
-    control = ControlTree(index, spec, stats)
-    operations = DlfsOperations(
-        index, reader, control, prefetcher, lister, known, requests, native, read_latency
-    )
-    operations.readdirplus_auto = options.readdirplus == "auto"
-    metrics = _metrics_endpoint(options)
-    fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
-    if options.allow_other:
-        fuse_options.add("allow_other")
-    if options.debug:
-        fuse_options.add("debug")
-    try:
-        pyfuse3.init(operations, str(mountpoint), fuse_options)
-    except RuntimeError as exc:
+        operations.readdirplus_auto = options.readdirplus == "auto"
+        metrics = _metrics_endpoint(options)
         if metrics is not None:
-            metrics.close()
-        raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
-    log.info("mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started)
-    log_pyfuse3_features(log)
-    _serve_first()  # before the native threads start: they inherit the priority
-    if native is not None:
+            resources.callback(metrics.close)
+        fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
+        if options.allow_other:
+            fuse_options.add("allow_other")
+        if options.debug:
+            fuse_options.add("debug")
         try:
-            native.start(options.native_threads)
-        except OSError as exc:
-            missing.append(unavailable("request server", str(exc)))
-    for line in missing:
-        log.warning("%s", line)
-    clean = False
-    try:
+            pyfuse3.init(operations, str(mountpoint), fuse_options)
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount on {mnt}: {exc}; check the mountpoint and /dev/fuse") from exc
+        clean = False
+
+        def end_session() -> None:
+            pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
+
+        resources.callback(end_session)
+        resources.callback(pages.close)  # its copy of the mount must not outlive the session
+        log.info(
+            "mounted %s (%d entries) on %s in %.3f s", dataset, index.count, mnt, time.monotonic() - started
+        )
+        log_pyfuse3_features(log)
+        _serve_first()  # before the native threads start: they inherit the priority
+        if native is not None:
+            try:
+                native.start(options.native_threads)
+            except OSError as exc:
+                missing.append(unavailable("request server", str(exc)))
+        for line in missing:
+            log.warning("%s", line)
         try:
             ready(notes + missing)
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
@@ -224,14 +240,6 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         else:
             trio.run(_serve, prefetcher, native, lister, pages, mount_id(resolved), metrics, stats)
         clean = True
-    finally:
-        if metrics is not None:
-            metrics.close()
-        pages.close()  # its copy of the mount must not outlive the session
-        pyfuse3.close(unmount=clean and not (native is not None and native.session_ended()))
-        if native is not None:
-            native.close()
-        store.close()
     log.info("unmounted %s", mnt)
 
 
@@ -240,7 +248,7 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     (``dlfs.core.memory``): clamped with a warning, or the mount refused. Asked once the index is
     loaded, so that it is counted among what is used."""
     buffer = REUSED_BUFFER
-    if isinstance(store.inner if isinstance(store, CachedStore) else store, S3Store):
+    if store.hints_in_memory:
         buffer *= 2  # a batch's hinted GETs land beside its buffer
     fitted = memory.fit(
         options.cache_size,
@@ -311,14 +319,6 @@ def _serve_first() -> None:
             "with many loader processes on few cores its replies wait behind their time slices",
             DAEMON_NICE,
         )
-
-
-def _store_counts(store: Store) -> dict[str, int] | None:
-    """Requests that reached an object store and the bytes they brought (None for a directory)."""
-    remote = store.inner if isinstance(store, CachedStore) else store
-    if not isinstance(remote, S3Store):
-        return None
-    return {"requests": remote.requests, "bytes": remote.received}
 
 
 def _option_safe(text: str) -> str:

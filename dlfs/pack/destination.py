@@ -13,12 +13,13 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import stored_dataset_id
-from dlfs.core.store import LocalStore, Store
+from dlfs.core.store import LocalStore, Store, StoreOptions, open_store
 from dlfs.pack.options import PackOptions
 
 log = logging.getLogger(__name__)
@@ -70,13 +71,44 @@ def locked(dst: str | os.PathLike[str]) -> Iterator[None]:
         os.close(lock_fd)
 
 
+@dataclass(frozen=True)
+class Leftovers:
+    """What packs that were killed (SIGKILL, a crash, a lost node) left in a destination."""
+
+    #: Shards of no dataset the index names, and temporary index files.
+    objects: list[str]
+    #: Objects whose uploads stayed open (S3's multipart uploads: stored, and billed, until
+    #: aborted).
+    uploads: list[str]
+
+    def names(self) -> list[str]:
+        return [*self.objects, *(f"{name} (unfinished upload)" for name in self.uploads)]
+
+
+def leftovers(store: Store, keep_id: str | None) -> Leftovers:
+    """What interrupted packs left in ``store``, beside the dataset ``keep_id`` (None: no
+    dataset)."""
+    objects = [
+        name
+        for name in store.names()
+        if (name.endswith(fmt.SHARD_SUFFIX) and not (keep_id and name.startswith(keep_id + ".")))
+        or name.startswith(f".{fmt.INDEX_NAME}.tmp")
+    ]
+    return Leftovers(objects, store.unfinished_uploads())
+
+
+def leftovers_at(location: str, options: StoreOptions, keep_id: str | None) -> Leftovers:
+    store = open_store(location, options=options)
+    try:
+        return leftovers(store, keep_id)
+    finally:
+        store.close()
+
+
 def remove_leftovers(store: Store, keep_id: str | None) -> None:
     """Delete shards, temp files and open uploads from interrupted runs; keep the live dataset's
     shards."""
     store.abort_uploads()
-    for name in store.names():
-        if name.endswith(fmt.SHARD_SUFFIX) and not (keep_id and name.startswith(keep_id + ".")):
-            log.info("removing leftover %s from an interrupted pack", name)
-            store.delete(name)
-        elif name.startswith(f".{fmt.INDEX_NAME}.tmp"):
-            store.delete(name)
+    for name in leftovers(store, keep_id).objects:
+        log.info("removing leftover %s from an interrupted pack", name)
+        store.delete(name)

@@ -12,6 +12,7 @@ pack never disturbs a dataset that already mounts and never leaves one that does
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import tempfile
@@ -21,21 +22,25 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store import LocalStore, Store, is_s3, open_store
+from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
 from dlfs.pack import images
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
+from dlfs.pack.interruption import block_in_thread, hold, interruptible
 from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
 from dlfs.pack.writers import InOrderShards, InPlaceShards, ShardSet
+
+log = logging.getLogger(__name__)
 
 #: Files between refreshes of the files/s figure on the progress bar.
 PROGRESS_EVERY = 256
@@ -56,10 +61,11 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not src_path.is_dir():
         raise PackError(f"source {src} is not a directory")
     started = time.monotonic()
-    if is_s3(dst):
-        summary = _pack_to_bucket(src_path, str(dst), options)
-    else:
-        summary = _pack_to_directory(src_path, Path(dst), options)
+    with interruptible():
+        if is_s3(dst):
+            summary = _pack_to_bucket(src_path, str(dst), options)
+        else:
+            summary = _pack_to_directory(src_path, Path(dst), options)
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -115,7 +121,12 @@ def _spill(parent: Path) -> Spill:
 
 
 def _write_payloads(
-    pool: Executor, tree: Tree, placed: Placed, shards: ShardSet, options: PackOptions, summary: PackSummary
+    pool: Executor,
+    tree: Tree,
+    placed: Placed,
+    shards: ShardSet[Any],
+    options: PackOptions,
+    summary: PackSummary,
 ) -> None:
     """Write every file into the shards in placement order. Skipped files are simply not placed
     (in place, their slots stay holes)."""
@@ -174,7 +185,8 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             summary.codec = pool.submit(images.codec_version).result()
         except ImportError:
             raise PackError(
-                "--transform needs Pillow: pip install 'dlfs[images]' (make install also builds Pillow-SIMD)"
+                "--transform needs Pillow: pip install 'dlfs-data[images]' "
+                "(make install also builds Pillow-SIMD)"
             ) from None
         try:
             yield pool
@@ -187,12 +199,15 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
 
 def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
-    # In place where the store takes ``write_at`` and stored sizes are known from the walk (no lz4,
-    # no transform).
-    in_place = store.writes_in_place and not options.compress and options.transform is None
-    shards = (InPlaceShards if in_place else InOrderShards)(store, summary.dataset_id, options.shard_size)
+    # In place where the store takes writes at any offset and stored sizes are known from the walk
+    # (no lz4, no transform).
+    shards: ShardSet[Any]
+    if isinstance(store, WritesInPlace) and not options.compress and options.transform is None:
+        shards = InPlaceShards(store, summary.dataset_id, options.shard_size)
+    else:
+        shards = InOrderShards(store, summary.dataset_id, options.shard_size)
     with (
-        ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="dlfs-pack") as pool,
+        ThreadPoolExecutor(options.jobs, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
@@ -220,8 +235,12 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
             index_path = spill.path(fmt.INDEX_NAME)
             with open(index_path, "wb", buffering=INDEX_BUFFER) as out:
                 summary.index_bytes = fmt.write_index(out, rows.sections(), meta)
+            hold()  # publishing: from here the pack finishes, whatever signal comes
             store.put_file(fmt.INDEX_NAME, index_path)
-        except BaseException:
+        except BaseException as exc:
+            hold()  # undoing: a second signal must not stop it half-way
+            if isinstance(exc, KeyboardInterrupt):
+                log.info("interrupted: removing what this pack wrote to %s", store.url)
             pool.shutdown(wait=True, cancel_futures=True)
             if transforms is not None:
                 transforms.shutdown(wait=True, cancel_futures=True)

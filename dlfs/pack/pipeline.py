@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import xxhash
 
 from dlfs.core import format as fmt
-from dlfs.core.store import ShardWriter
+from dlfs.core.store import InPlaceWriter
 from dlfs.pack.images import Kept
 from dlfs.pack.options import PackOptions
 from dlfs.pack.transform import Transform
@@ -105,11 +105,11 @@ class _SlotRun:
     write per file (and 95-104 s for the in-order writer)."""
 
     def __init__(self) -> None:
-        self.writer: ShardWriter | None = None
+        self.writer: InPlaceWriter | None = None
         self.start = self.end = 0
         self.payloads: list[bytes] = []
 
-    def add(self, writer: ShardWriter, offset: int, data: bytes) -> None:
+    def add(self, writer: InPlaceWriter, offset: int, data: bytes) -> None:
         if self.payloads and (
             writer is not self.writer or offset != self.end or self.end - self.start >= GATHER_BYTES
         ):
@@ -126,7 +126,7 @@ class _SlotRun:
             self.payloads = []
 
 
-def _copy_batch(files: list[tuple[bytes, int, ShardWriter, int]]) -> list[Payload | OSError]:
+def _copy_batch(files: list[tuple[bytes, int, InPlaceWriter, int]]) -> list[Payload | OSError]:
     """Read a run of files and write each into its slot as soon as possible, while its bytes are
     in cache. A file that grew since the walk no longer fits: its bytes come back, to be
     appended."""
@@ -170,7 +170,7 @@ def read_ahead(
     files: Iterator[list[File]],
     options: PackOptions,
     layout: Layout | None = None,
-    writers: Sequence[ShardWriter] = (),
+    writers: Sequence[InPlaceWriter] = (),
 ) -> Iterator[tuple[File, Slot | None, Outcome]]:
     """Yield (file, its slot, payload or read error) in placement order, reads running ahead in
     the pool; with ``layout``, each file gets its slot as it is submitted, and is written there by

@@ -4,7 +4,9 @@ Two writers share one small interface (``ShardSet``): the write loop asks for th
 it (``reads``), hands over each outcome (``put``) and ends with ``finish`` or ``abort``.
 
 ``InOrderShards`` places then writes each payload, shard after shard, for payloads whose stored
-size is known only once read (lz4). ``InPlaceShards`` gives every file its slot from the walk's
+size is known only once read (lz4), and for stores that take an object in order only (S3): it
+writes through the store's ``ShardWriter``. ``InPlaceShards``, for stores that are ``WritesInPlace``
+(directories), writes through ``InPlaceWriter``s: it gives every file its slot from the walk's
 size as the read pipeline submits it, with several shards open at once, and the thread that read
 a file writes it into its slot while its bytes are still in that core's cache. Handed to one
 writer instead, the bytes are copied out of memory they were read into long before, which here
@@ -17,14 +19,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Executor
+from typing import Generic, TypeVar
 
 from dlfs.core import format as fmt
-from dlfs.core.store import ShardWriter, Store
+from dlfs.core.store import InPlaceWriter, ShardWriter, Store, WritesInPlace
 from dlfs.pack.options import PackOptions
 from dlfs.pack.pipeline import File, Outcome, Payload, Slot, read_ahead, stream_into
 
+Writer = TypeVar("Writer", ShardWriter, InPlaceWriter)
 
-class ShardSet(ABC):
+
+class ShardSet(ABC, Generic[Writer]):
     """The shards one pack writes, and how its files get into them."""
 
     def __init__(self, store: Store, dataset_id: str, target: int) -> None:
@@ -33,7 +38,7 @@ class ShardSet(ABC):
         self.target = target
         self.created: list[str] = []
         #: Shard writers not yet committed; ``abort`` drops them.
-        self.open: list[ShardWriter] = []
+        self.open: list[Writer] = []
 
     def _full(self, end: int, length: int) -> bool:
         """Does a shard that reaches ``end`` take no file of ``length`` more? A file never spans
@@ -41,12 +46,16 @@ class ShardSet(ABC):
         target (an empty one too), which bounds the offsets the index holds (``fmt.SHARD_MAX``)."""
         return end > fmt.HEADER_SIZE and end + max(length, 1) > self.target
 
-    def _create(self) -> tuple[int, ShardWriter]:
+    def _create(self) -> tuple[int, Writer]:
         """The next numbered shard: its number and its writer, which is kept open."""
         number = len(self.created)
         self.created.append(fmt.shard_name(self.dataset_id, number))
-        self.open.append(self.store.create(self.created[-1]))
+        self.open.append(self._writer(self.created[-1]))
         return number, self.open[-1]
+
+    @abstractmethod
+    def _writer(self, name: str) -> Writer:
+        """A new shard's writer, from the store."""
 
     @abstractmethod
     def reads(
@@ -63,21 +72,27 @@ class ShardSet(ABC):
         """Commit every shard; (name, length) of each, in shard order."""
 
     def abort(self) -> None:
-        """Drop every shard this pack created, so a failed pack leaves none behind."""
+        """Drop every shard this pack created, so a failed pack leaves none behind: the open ones'
+        uploads aborted, the written ones deleted, and any upload a writer that never got into
+        ``open`` started (an interruption between the two) aborted with the store's."""
         for writer in self.open:
             writer.abort()
         self.open = []
         for name in self.created:
             self.store.delete(name)
+        self.store.abort_uploads()
 
 
-class InOrderShards(ShardSet):
+class InOrderShards(ShardSet[ShardWriter]):
     """Payloads appended one after another by the write loop, one shard open at a time."""
 
     def __init__(self, store: Store, dataset_id: str, target: int) -> None:
         super().__init__(store, dataset_id, target)
         self.done: list[tuple[str, int]] = []
         self._pos = 0
+
+    def _writer(self, name: str) -> ShardWriter:
+        return self.store.create(name)
 
     def reads(
         self, pool: Executor, files: Iterator[list[File]], options: PackOptions
@@ -123,15 +138,21 @@ class InOrderShards(ShardSet):
         return self.done
 
 
-class InPlaceShards(ShardSet):
+class InPlaceShards(ShardSet[InPlaceWriter]):
     """Every file's slot laid out from the walk's sizes as the read pipeline reaches it, shards
     created as the layout reaches them, each file written into its slot by the reader that read
     it."""
 
     def __init__(self, store: Store, dataset_id: str, target: int) -> None:
+        if not isinstance(store, WritesInPlace):
+            raise TypeError(f"{store.url} takes no writes in place")
         super().__init__(store, dataset_id, target)
+        self._in_place = store
         #: How far each shard's slots (and appends) reach.
         self._ends: list[int] = []
+
+    def _writer(self, name: str) -> InPlaceWriter:
+        return self._in_place.create_in_place(name)
 
     def reads(
         self, pool: Executor, files: Iterator[list[File]], options: PackOptions

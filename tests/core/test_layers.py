@@ -100,7 +100,7 @@ def _c_define(source: str, name: str) -> int:
         ("readahead/_push.c", "ALIGN", libc.DIRECT_ALIGN),
         ("core/_pagecache.h", "SYS_CACHESTAT", libc.SYS_CACHESTAT),
         ("fuse/_entry.h", "BLOCK", libc.STAT_BLOCK),
-        ("fuse/_server.c", "LATENCY_BUCKETS", protocol.LATENCY_BUCKETS),
+        ("fuse/_handlers.h", "LATENCY_BUCKETS", protocol.LATENCY_BUCKETS),
     ],
 )
 def test_the_c_loops_use_the_numbers_of_core_libc(source: str, name: str, value: int) -> None:

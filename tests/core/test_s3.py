@@ -5,24 +5,27 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs
+from conftest import DLFS, SMALL_SHARD, TEST_BUCKET, assert_one_line_error, dlfs, wait_until
+from seaweed import SeaweedServer
 
-from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
 from dlfs.core.store import StoreOptions, index_copies, open_store
-from dlfs.core.store import s3 as s3_module
 from dlfs.core.store.cached import BLOCK, CachedStore
-from dlfs.core.store.s3 import S3Store
+from dlfs.core.store.s3 import S3Store, obstore_errors
+from dlfs.core.store.s3 import settings as s3_settings
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.writers import InOrderShards
 
@@ -154,29 +157,11 @@ def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, one_shard: tup
         for span in spans:
             tier.fill(*span)
         assert store.requests == requests + 2
-        assert not store._ahead and store._ahead_bytes == 0, "a hint nobody will read"
+        assert not store.hints.hinted() and store.hints.held == 0, "a hint nobody will read"
         assert tier.read("data.shard", 0, 3 * BLOCK) == data[: 3 * BLOCK]
         assert store.requests == requests + 2
     finally:
         tier.close()
-
-
-def test_a_hint_nobody_reads_is_let_go_when_a_new_one_needs_its_room(
-    one_shard: tuple[S3Store, bytes], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, data = one_shard
-    monkeypatch.setattr(s3_module, "AHEAD_BYTES", BLOCK)
-    store.will_read("data.shard", 0, BLOCK)  # abandoned
-    store.will_read("data.shard", BLOCK, BLOCK)  # no room: dropped
-    assert list(store._ahead) == [("data.shard", 0, BLOCK)]
-    store._ahead[("data.shard", 0, BLOCK)][0].result()
-    monkeypatch.setattr(s3_module, "HINT_TTL", 0.0)
-    store.will_read("data.shard", BLOCK, BLOCK)  # the abandoned one is let go
-    assert list(store._ahead) == [("data.shard", BLOCK, BLOCK)] and store._ahead_bytes == BLOCK
-    store._ahead[("data.shard", BLOCK, BLOCK)][0].result()
-    requests = store.requests
-    assert store.read("data.shard", BLOCK, BLOCK) == data[BLOCK : 2 * BLOCK]
-    assert store.requests == requests and store._ahead_bytes == 0  # the hint's GET served it
 
 
 def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_what_is_missing(
@@ -250,22 +235,27 @@ def test_without_credentials_no_request_goes_to_the_instance_metadata_service(
     assert "169.254.169.254" not in trace.read_text()
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A port that accepts connections and never answers: a stalled store."""
+@contextmanager
+def stalling_server(answer: bytes = b"") -> Iterator[int]:
+    """A loopback port whose server takes every connection and every request, sends ``answer``
+    (the start of a reply, or nothing) and then nothing more: a stalled store."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(64)
+    server.settimeout(0.2)
     held: list[socket.socket] = []
     stop = threading.Event()
 
     def accept() -> None:
-        server.settimeout(0.2)
         while not stop.is_set():
             try:
-                held.append(server.accept()[0])
+                conn = server.accept()[0]
             except TimeoutError:
                 continue
+            held.append(conn)
+            if answer:
+                conn.recv(65536)
+                conn.sendall(answer)
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -273,10 +263,17 @@ def silent_server() -> Iterator[int]:
         yield server.getsockname()[1]
     finally:
         stop.set()
-        thread.join()
+        thread.join(timeout=10)
         for conn in held:
             conn.close()
         server.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with stalling_server() as port:
+        yield port
 
 
 def test_a_store_that_never_answers_fails_after_the_timeout_not_never(s3: str, silent_server: int) -> None:
@@ -411,8 +408,228 @@ def test_temporary_credentials_are_renewed_while_the_store_is_in_use(
     _without_key_variables(monkeypatch)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_PROFILE", "temporary")
-    monkeypatch.setattr(s3_module, "CREDENTIALS_TTL", datetime.timedelta(0))  # asked on every request
+    monkeypatch.setattr(s3_settings, "CREDENTIALS_TTL", datetime.timedelta(0))  # asked on every request
     store = S3Store(url)
     for _ in range(3):
         assert store.read(fmt.INDEX_NAME, 0, 8) == fmt.INDEX_MAGIC
     assert len(calls.read_text().splitlines()) >= 3
+
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Incompressible files enough for three shards of ``INTERRUPTED_SHARD``, each uploaded in a few
+    parts: a pack of it takes long enough to be interrupted at every stage."""
+    root = tmp_path_factory.mktemp("big")
+    for folder in range(4):
+        (root / f"class{folder}").mkdir()
+        for number in range(12):
+            (root / f"class{folder}" / f"{number}.bin").write_bytes(os.urandom(2 << 20))
+    return root
+
+
+INTERRUPTED_SHARD = 40 << 20
+
+
+def _progress_events(process: subprocess.Popen[bytes], events: list[int]) -> None:
+    """Count the progress bar's refreshes on ``process``'s stderr (each begins with a CR)."""
+    assert process.stderr is not None
+    while chunk := process.stderr.read1(4096):  # type: ignore[attr-defined]
+        events[0] += chunk.count(b"\r")
+
+
+def _parts_stored(server: SeaweedServer, url: str) -> bool:
+    """Has an open upload under ``url`` stored a part? (One may complete between the two asks.)"""
+    bucket, prefix = split(url)
+    client = server.client()
+    uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix + "/").get("Uploads", [])
+    try:
+        return any(
+            client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts")
+            for upload in uploads
+        )
+    except client.exceptions.NoSuchUpload:
+        return False
+
+
+#: Moments of a pack into S3, each as a condition seen from outside the packing process.
+MOMENTS: dict[str, Callable[[SeaweedServer, str, list[int]], bool]] = {
+    "after 3 progress events": lambda server, url, events: events[0] >= 3,
+    "an upload open": lambda server, url, events: bool(open_uploads(server, url)),
+    "a part stored": lambda server, url, events: _parts_stored(server, url),
+    "a shard written": lambda server, url, events: bool(objects(server, url)),
+    "a shard written and an upload open": lambda server, url, events: bool(
+        [name for name in objects(server, url) if name.endswith(fmt.SHARD_SUFFIX)]
+        and open_uploads(server, url)
+    ),
+}
+
+
+@contextmanager
+def pack_until(
+    big_tree: Path, url: str, reached: Callable[[list[int]], bool], *extra: str
+) -> Iterator[Popen[bytes]]:
+    """A real ``dlfs pack`` of ``big_tree`` into ``url``, once ``reached`` (given the count of
+    progress events) says so; killed and reaped on the way out if it still runs."""
+    shard_size = str(INTERRUPTED_SHARD)
+    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", shard_size, "--jobs", "2", *extra]
+    pipe = subprocess.PIPE
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+    events = [0]
+    reader = threading.Thread(target=_progress_events, args=(process, events), daemon=True)
+    reader.start()
+    try:
+        ended = process.poll
+        assert wait_until(lambda: reached(events) or ended() is not None, 60)
+        assert process.poll() is None, "the pack ended first"
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+        reader.join(timeout=30)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("moment", "signals"),
+    [
+        ("after 3 progress events", [signal.SIGINT]),
+        ("after 3 progress events", [signal.SIGTERM]),
+        ("an upload open", [signal.SIGTERM]),
+        ("a part stored", [signal.SIGINT, signal.SIGINT]),  # as ``timeout`` and a shell send it
+        ("a part stored", [signal.SIGTERM]),
+        ("a shard written", [signal.SIGINT]),
+        ("a shard written", [signal.SIGTERM, signal.SIGINT]),
+    ],
+)
+def test_an_interrupted_pack_leaves_no_object_and_no_unfinished_upload(
+    big_tree: Path, s3_server: SeaweedServer, s3: str, moment: str, signals: list[int]
+) -> None:
+    """A real ``dlfs pack`` interrupted at one moment of its upload, by SIGINT or SIGTERM, once or
+    with a second signal while it cleans up: it says so, and nothing is left under its prefix."""
+    url = f"{s3}/interrupted"
+    with pack_until(big_tree, url, lambda events: MOMENTS[moment](s3_server, url, events)) as process:
+        for signum in signals:
+            process.send_signal(signum)
+        assert process.wait(timeout=60) == 130
+    assert objects(s3_server, url) == []
+    assert open_uploads(s3_server, url) == []
+
+
+def _killed_while_uploading(big_tree: Path, server: SeaweedServer, url: str, *extra: str) -> tuple[str, str]:
+    """SIGKILL a pack into ``url`` once it has written a shard and opened another's upload; the
+    names of those two."""
+    before = objects(server, url)
+
+    def new_shards() -> list[str]:
+        return [n for n in objects(server, url) if n.endswith(fmt.SHARD_SUFFIX) and n not in before]
+
+    def written_and_open(_: list[int]) -> bool:
+        return bool(new_shards() and open_uploads(server, url))
+
+    with pack_until(big_tree, url, written_and_open, *extra) as process:
+        process.kill()
+        process.wait(timeout=30)
+    return new_shards()[0], open_uploads(server, url)[0].rsplit("/", 1)[1]
+
+
+@pytest.mark.timeout(300)
+def test_what_a_killed_pack_left_is_listed_by_info_and_removed_by_the_next_pack(
+    big_tree: Path, odd_tree: Path, s3_server: SeaweedServer, s3: str
+) -> None:
+    """SIGKILL leaves a written shard and an open upload: ``dlfs info`` names them, beside a
+    dataset or where there is none, and the next pack into the prefix removes them."""
+    url = f"{s3}/killed"
+    for force in ((), ("--force",)):
+        shard, upload = _killed_while_uploading(big_tree, s3_server, url, *force)
+        if force:
+            info = dlfs("info", url).stdout
+            assert shard in info and f"{upload} (unfinished upload)" in info and "next dlfs pack" in info
+        else:
+            result = dlfs("info", url, check=False)
+            assert_one_line_error(result, "not a dlfs dataset", shard, f"{upload} (unfinished upload)")
+        dlfs("pack", odd_tree, url, "--shard-size", str(SMALL_SHARD), "--force")
+        assert shard not in objects(s3_server, url) and open_uploads(s3_server, url) == []
+        assert "leftovers:        none" in dlfs("info", url).stdout
+
+
+def _obstore_client(endpoint: str, secret: str | None = None, bucket: str = TEST_BUCKET, **client: object):
+    """A bare obstore client of ``bucket`` at ``endpoint``, retrying little and timing out soon."""
+    import obstore.store
+
+    env = dict(os.environ)
+    second = datetime.timedelta(seconds=1)
+    return obstore.store.S3Store(
+        bucket,
+        config={
+            "region": "us-east-1",
+            "endpoint": endpoint,
+            "access_key_id": env["AWS_ACCESS_KEY_ID"],
+            "secret_access_key": secret or env["AWS_SECRET_ACCESS_KEY"],
+        },
+        client_options={"allow_http": True, "timeout": second, "connect_timeout": second, **client},
+        retry_config={"max_retries": 1, "retry_timeout": second, "backoff": {"base": 2}},
+    )
+
+
+@pytest.fixture
+def stalled_body() -> Iterator[int]:
+    """A port whose server answers every request with the start of a body that never ends."""
+    start = (
+        b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\nContent-Range: bytes 0-99/1000\r\n\r\nabc"
+    )
+    with stalling_server(start) as port:
+        yield port
+
+
+def test_the_obstore_words_that_errors_are_told_apart_by_are_still_there(
+    s3_server: SeaweedServer, s3: str, stalled_body: int
+) -> None:
+    """obstore has no exception type for a listing's failures, an endpoint that does not answer or
+    a certificate it refuses (``obstore_errors``): its words are read. Each is produced here with
+    the installed obstore, so that a change in them fails this test rather than, silently, the
+    one-line error a user sees. The failures that have a type keep it."""
+    import obstore
+    import obstore.exceptions
+
+    def failure(call: Callable[[], object]) -> Exception:
+        try:
+            call()
+        except Exception as exc:
+            return exc
+        raise AssertionError("no failure")
+
+    def said(call: Callable[[], object]) -> str:
+        return str(failure(call))
+
+    def listing(endpoint: str, **how: object) -> Callable[[], object]:
+        return lambda: obstore.list_with_delimiter(_obstore_client(endpoint, **how))  # type: ignore[arg-type]
+
+    def s3_code(text: str) -> str | None:
+        match = obstore_errors.S3_CODE.search(text)
+        return match.group(1) if match else None
+
+    endpoint = s3_server.env()["AWS_ENDPOINT_URL"]
+    assert s3_code(said(listing(endpoint, bucket="no-such-bucket"))) == "NoSuchBucket"
+    assert s3_code(said(listing(endpoint, secret="wrong"))) in obstore_errors.DENIED
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    assert obstore_errors.NO_ANSWER.search(said(listing(nobody)))
+    stalled = _obstore_client(f"http://127.0.0.1:{stalled_body}")
+    assert obstore_errors.NO_ANSWER.search(said(lambda: obstore.get_range(stalled, "k", start=0, length=100)))
+    untrusted = obstore_errors.UNTRUSTED.search(said(listing(s3_server.https_endpoint)))
+    assert untrusted and untrusted.group(1) == "UnknownIssuer"
+    bad_pem = b"-----BEGIN CERTIFICATE-----\nZm9v\n-----END CERTIFICATE-----\n"
+    refused = said(lambda: _obstore_client(endpoint, root_certificate=bad_pem))
+    unusable = obstore_errors.UNTRUSTED.search(refused)
+    assert unusable and unusable.group(1) == "BadEncoding"
+    # The typed ones.
+    client = _obstore_client(endpoint)
+    missing = failure(lambda: obstore.get_range(client, "nothing", start=0, length=1))
+    assert isinstance(missing, FileNotFoundError)
+    wrong = _obstore_client(endpoint, secret="not-the-secret")
+    assert isinstance(
+        failure(lambda: obstore.get_range(wrong, "nothing", start=0, length=1)),
+        obstore.exceptions.PermissionDeniedError,
+    )

@@ -137,6 +137,17 @@ def test_budgets_larger_than_the_machine_are_clamped_at_mount_with_one_line(
         assert wait_until(lambda: not pid_alive(mount_pid(result)), 15)
 
 
+#: 16 reader threads in 4 processes: two published orders and two at random in each.
+MIXED_READERS = [
+    [
+        {"role": "order", "epoch": 0, "world": 1, "rank": 0, "worker": p, "workers": 4},
+        {"role": "order", "epoch": 1, "world": 1, "rank": 0, "worker": p, "workers": 4},
+        {"role": "random", "seed": 2 * p},
+        {"role": "random", "seed": 2 * p + 1},
+    ]
+    for p in range(4)
+]
+
 #: The memory limit of the daemon's cgroup: its default budgets (768 MiB) and read buffers
 #: (128 MiB) would take it several times over.
 CGROUP_LIMIT = 256 << 20
@@ -200,16 +211,7 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
         warnings = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(warnings) == 1 and f"cgroup {group}" in warnings[0], warnings
         assert str(pid) in _text(group / "cgroup.procs").split()
-        jobs = [
-            [
-                {"role": "order", "epoch": 0, "world": 1, "rank": 0, "worker": p, "workers": 4},
-                {"role": "order", "epoch": 1, "world": 1, "rank": 0, "worker": p, "workers": 4},
-                {"role": "random", "seed": 2 * p},
-                {"role": "random", "seed": 2 * p + 1},
-            ]
-            for p in range(4)
-        ]
-        readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 15)
+        readers = start_readers(mnt, expected, tmp_path / "work", MIXED_READERS, deadline=time.time() + 15)
         results = finish_readers(readers, 90)
         assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
         assert sum(r["files"] for r in results) > 1000
@@ -248,16 +250,7 @@ def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
     try:
         warnings = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(warnings) == 1 and "--memory-limit 320M" in warnings[0], warnings
-        jobs = [
-            [
-                {"role": "order", "epoch": 0, "world": 1, "rank": 0, "worker": p, "workers": 4},
-                {"role": "order", "epoch": 1, "world": 1, "rank": 0, "worker": p, "workers": 4},
-                {"role": "random", "seed": 2 * p},
-                {"role": "random", "seed": 2 * p + 1},
-            ]
-            for p in range(4)
-        ]
-        readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 10)
+        readers = start_readers(mnt, expected, tmp_path / "work", MIXED_READERS, deadline=time.time() + 10)
         results = finish_readers(readers, 90)
         assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
         stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import xxhash
 from conftest import SMALL_SHARD, find_listing, use_s3, wait_until
+from seaweed import SeaweedServer
 from test_metrics import free_port, scrape, value
 from test_mount import _daemon_of
 from test_soak import PeakRss, counts, finish_readers, start_readers
 
-from dlfs.bench.seaweed import SeaweedServer
 from dlfs.core.protocol import order_path, parse_order
 from dlfs.core.store.cached import BLOCK, MAP_SUFFIX
 from dlfs.pack import PackOptions, pack

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import PLANTED, dlfs, mount_pid, mounted, plant, unmount_and_reap
+from netshape import DelayProxy
 
 import dlfs as package
-from dlfs.bench.netshape import DelayProxy
 from dlfs.bench.peers import PEERS
 
 PACKAGE = Path(package.__file__).parent

@@ -31,11 +31,9 @@ from dlfs.mount_helper import OptionError, to_flags
 
 
 @pytest.fixture(scope="module")
-def installed() -> Path:
-    """``dlfs install-system`` for real, as ``make install`` runs it as root: mount(8) looks for the
-    helper in /sbin only. Links to this interpreter's venv; changes nothing when they are there."""
-    subprocess.run([*DLFS, "-q", "install-system"], check=True, timeout=60)
-    helper = Path("/") / system_install.HELPER
+def installed(system_links: Path) -> Path:
+    """The mount helper where mount(8) looks for it, linked to this interpreter's venv."""
+    helper = system_links / system_install.HELPER
     assert helper.resolve() == (Path(sys.executable).parent / "mount.fuse.dlfs").resolve()
     return helper
 
@@ -230,7 +228,7 @@ def test_install_system_replaces_its_own_older_unit(tmp_path: Path) -> None:
 
 
 def test_keep_links_leaves_another_install_in_place(tmp_path: Path) -> None:
-    """``make install`` in a checkout does not take /usr/local/bin/dlfs from a production venv."""
+    """``make install-system`` in a checkout does not take /usr/local/bin/dlfs from a production venv."""
     other = tmp_path / "opt" / "dlfs"
     other.parent.mkdir()
     other.write_text("#!/bin/sh\n")

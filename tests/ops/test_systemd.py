@@ -13,17 +13,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, force_unmount, is_mounted, pid_alive, wait_until
+from conftest import force_unmount, is_mounted, pid_alive, wait_until
 
 from dlfs import system_install
 
 
 @pytest.fixture(scope="module")
-def unit() -> Path:
-    """The unit where ``dlfs install-system`` (run by ``make install`` as root) writes it, with the
-    ``/usr/local/bin/dlfs`` its commands run."""
-    subprocess.run([*DLFS, "-q", "install-system"], check=True, timeout=60)
-    return Path("/") / system_install.UNIT
+def unit(system_links: Path) -> Path:
+    """The unit where ``dlfs install-system`` writes it, with the ``/usr/local/bin/dlfs`` its commands
+    run."""
+    return system_links / system_install.UNIT
 
 
 def test_the_unit_passes_systemd_analyze_verify(unit: Path) -> None:

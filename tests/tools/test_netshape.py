@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from dlfs.bench.netshape import DelayProxy, ShapedNetwork, shaped_seaweed
-from dlfs.bench.objects import get_objects, memcached_latency, s3_store, upload_objects
+from netshape import DelayProxy, ShapedNetwork, shaped_seaweed
+from s3_baselines import get_objects, memcached_latency, s3_store, upload_objects
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 

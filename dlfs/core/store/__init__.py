@@ -8,7 +8,16 @@ from pathlib import Path
 
 from dlfs.core.errors import DatasetError
 from dlfs.core.store.cached import CachedStore
-from dlfs.core.store.interface import Descriptors, Forgets, PartlyLocal, ShardWriter, Store, StoreOptions
+from dlfs.core.store.interface import (
+    Descriptors,
+    Forgets,
+    InPlaceWriter,
+    PartlyLocal,
+    ShardWriter,
+    Store,
+    StoreOptions,
+    WritesInPlace,
+)
 from dlfs.core.store.local import LocalStore
 from dlfs.core.store.s3 import is_s3
 
@@ -16,11 +25,13 @@ __all__ = [
     "CachedStore",
     "Descriptors",
     "Forgets",
+    "InPlaceWriter",
     "LocalStore",
     "PartlyLocal",
     "ShardWriter",
     "Store",
     "StoreOptions",
+    "WritesInPlace",
     "index_copies",
     "is_s3",
     "open_store",

@@ -5,13 +5,12 @@ aligned blocks of ``BLOCK`` bytes. Each shard the tier holds blocks of is one sp
 (``shards/<shard name>``) at the shard's own offsets, with a map beside it (``<name>.map``, one
 byte per block, set once the block is written whole). Same offsets, so a span of cached blocks is
 one ``pread``, and the read-ahead's C loop reads such spans itself through the file's descriptor
-(``local_descriptor``), as from a local dataset: a later epoch from the tier runs at 0.94-0.95x the
-local shards' files/s so, against 0.33x through the Python loader (docs/benchmarks.md,
-docs/design.md). A read takes
-what it can from the file and fetches each run of missing blocks from the store in one ranged GET
-(the read-ahead asks for megabytes of neighbouring files at once; a lone file of a shuffled read
-costs at most two blocks). Shard names carry the dataset id, so a remount of the same dataset finds
-its blocks again, and another dataset's never match.
+(``local_descriptor``), as from a local dataset: a later epoch read from the tier runs nearly as
+fast as from local shards, where reading the tier through Python would not (docs/benchmarks.md).
+A read takes what it can from the file and fetches each run of missing blocks from the store in
+one ranged GET (the read-ahead asks for megabytes of neighbouring files at once; a lone file of a
+shuffled read costs at most two blocks). Shard names carry the dataset id, so a remount of the same
+dataset finds its blocks again, and another dataset's never match.
 
 The budget is kept by evicting the least recently used blocks (their range punched back into a
 hole, their mark cleared); blocks being written hold their room, so threads filling the tier at
@@ -104,7 +103,7 @@ class CachedStore:
     def __init__(self, inner: Store, directory: str | os.PathLike[str], budget: int | None = None) -> None:
         self.inner = inner
         self.url = inner.url
-        self.writes_in_place = inner.writes_in_place
+        self.hints_in_memory = inner.hints_in_memory
         self.directory = Path(directory)
         self.budget = default_budget(self.directory) if budget is None else budget
         self._shards = self.directory / "shards"
@@ -340,7 +339,10 @@ class CachedStore:
             log.warning("cache %s: dropped %s block %d, which failed a check", self.directory, shard, number)
         self._drop(doomed)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {"disk_cache": self._tier_stats(), **self.inner.stats()}
+
+    def _tier_stats(self) -> dict[str, int]:
         return {
             "budget": self.budget,
             "used": self.used,
@@ -376,6 +378,9 @@ class CachedStore:
 
     def abort_uploads(self) -> None:
         self.inner.abort_uploads()
+
+    def unfinished_uploads(self) -> list[str]:
+        return self.inner.unfinished_uploads()
 
     def close(self) -> None:
         self.inner.close()

@@ -2,9 +2,10 @@
 
 ``pack`` writes through it and ``mount``/``verify`` read through it: a flat namespace of immutable
 objects (shards and the index) with ranged reads. A backend promises nothing about how it stores
-bytes; what a local directory can do beyond that (descriptors for the read-ahead's C loop) is the
-optional ``Descriptors`` interface. Everything here is blocking: callers on the trio loop go through
-``trio.to_thread``.
+bytes; what a local directory can do beyond that is an optional interface, asked for with
+``isinstance``: ``Descriptors`` for the read-ahead's C loop, ``WritesInPlace`` for pack's readers.
+What a caller plans around is asked of every store: ``hints_in_memory``, ``stats``. Everything here
+is blocking: callers on the trio loop go through ``trio.to_thread``.
 """
 
 from __future__ import annotations
@@ -29,20 +30,33 @@ class StoreOptions:
 
 
 class ShardWriter(Protocol):
+    """A new object written from its first byte to its last (pack writes in order)."""
+
     def write(self, data: bytes | memoryview) -> None:
-        """Append (pack writes in order)."""
+        """Append."""
+
+    def commit(self) -> None:
+        """Make the written bytes readable under the final name (durable, unless the store
+        was opened with ``durable=False``)."""
+
+    def abort(self) -> None:
+        """Forget the partial object."""
+
+
+class InPlaceWriter(Protocol):
+    """A new object written at any offset, from any thread (pack writes in place: it lays every
+    file out up front and its readers write in parallel)."""
 
     def write_at(self, offset: int, *data: bytes | memoryview) -> None:
-        """Write ``data`` back to back from ``offset``, from any thread (pack writes in place);
-        only where the store's ``writes_in_place`` is true."""
+        """Write ``data`` back to back from ``offset``."""
 
     def written_through(self, end: int) -> None:
-        """Every byte below ``end`` has been written in place (a hint to start storing them)."""
+        """Every byte below ``end`` has been written (a hint to start storing them)."""
 
-    def commit(self, size: int | None = None) -> None:
-        """Make the written bytes readable under the final name (durable, unless the store
-        was opened with ``durable=False``). ``size``: the object's length, where bytes written
-        in place leave its end unwritten (a skipped file's slot)."""
+    def commit(self, size: int) -> None:
+        """Make the object, ``size`` bytes long, readable under the final name (durable, unless
+        the store was opened with ``durable=False``). Bytes never written (a skipped file's slot)
+        read as zeros."""
 
     def abort(self) -> None:
         """Forget the partial object."""
@@ -52,9 +66,9 @@ class Store(Protocol):
     """A flat namespace of immutable objects (shards and the index) with ranged reads."""
 
     url: str
-    #: Shard writers take ``write_at``: pack lays every file out up front and its readers write in
-    #: parallel. Object stores, which take an object in order, will not.
-    writes_in_place: bool
+    #: ``will_read`` fetches into this process's memory (an object store's GETs), where a local
+    #: store's hints fill the page cache: whoever budgets the daemon's memory counts them.
+    hints_in_memory: bool
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
@@ -93,9 +107,25 @@ class Store(Protocol):
     def delete(self, name: str) -> None: ...
 
     def abort_uploads(self) -> None:
-        """Drop what interrupted writers left where listing cannot see it (S3's open uploads)."""
+        """Drop what interrupted writers left where listing cannot see it (S3's open uploads),
+        this process's writers still open first."""
+
+    def unfinished_uploads(self) -> list[str]:
+        """The names whose uploads interrupted writers left open (S3's); none for a directory."""
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """What the store counted, by section of the mount's statistics: ``store``, an object
+        store's requests and their bytes; ``disk_cache``, the disk tier's; none for a directory."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WritesInPlace(Protocol):
+    """A store whose new objects take writes at any offset (files): pack then lays every file out
+    up front and its readers write them in parallel. Object stores take an object in order."""
+
+    def create_in_place(self, name: str) -> InPlaceWriter: ...
 
 
 @runtime_checkable

