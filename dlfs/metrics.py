@@ -175,6 +175,11 @@ class StatsCollector(Collector):
             "dlfs_prefetch_readings", "Published sequences the read-ahead follows", value=len(readings)
         )
         yield GaugeMetricFamily(
+            "dlfs_prefetch_paused_readings",
+            "Followed sequences whose reader went quiet: their read-ahead waits for it",
+            value=prefetch.get("paused_readings") or 0,
+        )
+        yield GaugeMetricFamily(
             "dlfs_prefetch_inflight", "Storage batches in flight", value=prefetch.get("inflight") or 0
         )
         yield GaugeMetricFamily(

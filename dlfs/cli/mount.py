@@ -109,6 +109,14 @@ def add_parser(sub: Subparsers) -> None:
         help=f"storage batches the read-ahead keeps in flight {D}",
     )
     p.add_argument(
+        "--prefetch-pause",
+        type=float,
+        default=d.prefetch_pause,
+        metavar="SECONDS",
+        help="a reader unseen this long has its read-ahead paused until it reads again: it keeps "
+        f"what it fetched, and the kernel forgetting it fetches nothing meanwhile; inf: never {D}",
+    )
+    p.add_argument(
         "--readdirplus",
         choices=("always", "auto"),
         default=d.readdirplus,

@@ -158,7 +158,12 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         if options.prefetch_budget > 0:
             kernel = FuseKernel(index, known, pages, lister)
             prefetcher = Prefetcher(
-                index, reader, kernel, budget=options.prefetch_budget, max_inflight=options.prefetch_inflight
+                index,
+                reader,
+                kernel,
+                budget=options.prefetch_budget,
+                max_inflight=options.prefetch_inflight,
+                pause_after=options.prefetch_pause,
             )
         spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
         requests: Counter[str] = Counter()

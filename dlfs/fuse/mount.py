@@ -58,6 +58,12 @@ class MountOptions:
     # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
     # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
     prefetch_inflight: int = 16
+    #: Seconds without a read from its reader after which a sequence's read-ahead, its window full,
+    #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per window,
+    #: so one that drains its window within eight times this is never paused while it reads. A
+    #: validation pass or a checkpoint shorter than this changes nothing; a longer one only leaves
+    #: the files the kernel forgets meanwhile to be fetched when the reader is back.
+    prefetch_pause: float = 30.0
     readdirplus: str = "auto"
     #: Threads answering the hot requests in C (``dlfs.fuse.server``); 0: pyfuse3 answers all.
     native_threads: int = field(default_factory=lambda: os.cpu_count() or 1)

@@ -25,6 +25,8 @@ class PrefetchStats:
     handed_over: int = 0
     cold_batches: int = 0
     native_cpu_seconds: float = 0.0
+    pauses: int = 0
+    resumes: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}

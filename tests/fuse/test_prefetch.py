@@ -386,6 +386,40 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
 
 
+def _drop_caches(mnt: Path, times: int) -> None:
+    """Have the kernel forget every entry and page, ``times`` times, each time until the FORGETs
+    of the mount's files have reached the daemon."""
+    for _ in range(times):
+        forgets = _stats(mnt)["requests"].get("forget", 0)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        assert wait_until(lambda n=forgets + 100: _stats(mnt)["requests"].get("forget", 0) >= n, 15)
+
+
+def test_an_abandoned_reading_pauses_until_its_reader_reads_again(tmp_path: Path, mount) -> None:
+    """A job that stops mid-epoch: once its reader is quiet for ``--prefetch-pause``, its reading
+    shows paused, and evictions fetch nothing again; the reader's next read resumes the read-ahead
+    from there."""
+    src = _make_classes(tmp_path / "src", classes=4, per_class=150, size=20_000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--prefetch-budget", "2M", "--prefetch-pause", "2") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        _read_all(paths[:100])
+        assert wait_until(lambda: _stats(mnt)["prefetch"]["readings"]["epoch-0.rank-0-of-1"]["paused"], 15)
+        paused = _stats(mnt)["prefetch"]
+        assert paused["paused_readings"] == 1 and paused["pauses"] == 1, json.dumps(paused)
+        _drop_caches(mnt, 5)
+        assert wait_until(lambda: not _stats(mnt)["prefetch"]["inflight"], 15)
+        evicted = _stats(mnt)["prefetch"]
+        assert evicted["forgotten_ahead"] > 0, "the engine saw the window forgotten"
+        assert evicted["issued_files"] == paused["issued_files"], json.dumps(evicted)
+        assert _read_all(paths[100:101]) == [(src / paths[100].relative_to(mnt)).read_bytes()]
+        assert wait_until(lambda: _stats(mnt)["prefetch"]["resumes"] == 1, 15)
+        # The budget holds 100 files: most of them are fetched ahead of the reader again.
+        assert wait_until(lambda: _stats(mnt)["prefetch"]["pushed_files"] >= paused["pushed_files"] + 50, 15)
+        assert _stats(mnt)["prefetch"]["readings"]["epoch-0.rank-0-of-1"]["cursor"] == 100
+
+
 def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
     """A window of many runs spreads each run's files over the window; the read-ahead still reads a
     run with one storage request instead of one per file."""

@@ -20,11 +20,13 @@ from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
 from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
+from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
 from dlfs.readahead.engine import Prefetcher
 from dlfs.readahead.native import NativePusher
 
 SIZE = 20_000
+PAUSE_AFTER = MountOptions.prefetch_pause
 
 
 class FakeKernel:
@@ -69,7 +71,7 @@ def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[
     store = LocalStore(dataset, random_access=True)
     index = Index.load(store)
     reader = Reader(index, store, PayloadCache(16 << 20))
-    return index, reader, Prefetcher(index, reader, kernel, budget=budget)
+    return index, reader, Prefetcher(index, reader, kernel, budget=budget, pause_after=PAUSE_AFTER)
 
 
 def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, Prefetcher, np.ndarray]:
@@ -220,6 +222,54 @@ def test_files_the_kernel_holds_or_refuses(tmp_path: Path) -> None:
     assert prefetcher.stats.forgotten_ahead == rows.size
     assert prefetcher.stats.push_refused == 1 and refused not in kernel.pushed
     assert reader.cache.get(refused) == (src / index.path(refused).decode()).read_bytes()
+
+
+def test_the_read_ahead_of_a_reader_gone_quiet_pauses_and_resumes_where_it_reads(tmp_path: Path) -> None:
+    """A job that stopped mid-epoch: its window full and its reader unseen for ``PAUSE_AFTER``
+    seconds, the read-ahead pauses, and the kernel forgetting the window again and again fetches
+    nothing. The reader's next read resumes it there: the files it lost ahead of that read, within
+    the window, are fetched again, and none behind."""
+    kernel, prefetcher, rows = _following(tmp_path, 200, budget=40 * SIZE)
+
+    async def test(prefetcher: Prefetcher) -> None:
+        prefetcher.activate(_reading(rows))
+        prefetcher.observe(int(rows[20]))
+        await _settle(prefetcher)
+        issued = prefetcher.stats.issued_files
+        await trio.sleep(PAUSE_AFTER)
+        for _ in range(10):  # evictions: the kernel forgets every entry
+            prefetcher.forgotten(rows)
+            await _settle(prefetcher)
+            assert prefetcher.stats.issued_files == issued, "fetched again for a reader that is gone"
+        snapshot = prefetcher.snapshot()
+        assert _lead(prefetcher)["paused"] and snapshot["paused_readings"] == 1, snapshot
+        kernel.pushed.clear()
+        prefetcher.observe(int(rows[30]))  # the reader is back, and the kernel lacks the file
+        await _settle(prefetcher)
+        assert not _lead(prefetcher)["paused"] and prefetcher.stats.resumes == 1
+
+    _run(test, prefetcher)
+    positions = np.flatnonzero(np.isin(rows, list(kernel.pushed)))
+    assert positions.min() == 30 and positions.max() < 30 + 42, positions
+
+
+def test_resolving_the_order_again_resumes_a_paused_read_ahead(tmp_path: Path) -> None:
+    kernel, prefetcher, rows = _following(tmp_path, 200, budget=40 * SIZE)
+
+    async def test(prefetcher: Prefetcher) -> None:
+        prefetcher.activate(_reading(rows))
+        await _settle(prefetcher)
+        await trio.sleep(PAUSE_AFTER)
+        prefetcher.forgotten(rows)
+        await _settle(prefetcher)
+        assert _lead(prefetcher)["paused"]
+        kernel.pushed.clear()
+        prefetcher.activate(_reading(rows))  # a job opens the order file: its reader announces itself
+        await _settle(prefetcher)
+        assert not _lead(prefetcher)["paused"]
+
+    _run(test, prefetcher)
+    assert len(kernel.pushed) >= 35, "the window is fetched again"
 
 
 def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
