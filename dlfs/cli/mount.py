@@ -96,22 +96,22 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument("--block", type=int, default=d.block, help=f"files per run in --order block {D}")
     p.add_argument("--window", type=int, default=d.window, help=f"shuffle window in --order block {D}")
     p.add_argument(
-        "--prefetch-budget",
+        "--readahead-budget",
         type=parse_size,
-        default=f"{d.prefetch_budget >> 20}M",
+        default=f"{d.readahead_budget >> 20}M",
         metavar="SIZE",
         help=f"bytes read ahead of each reader; 0 turns read-ahead off {D}",
     )
     p.add_argument(
-        "--prefetch-inflight",
+        "--readahead-inflight",
         type=int,
-        default=d.prefetch_inflight,
+        default=d.readahead_inflight,
         help=f"storage batches the read-ahead keeps in flight {D}",
     )
     p.add_argument(
-        "--prefetch-pause",
+        "--readahead-pause",
         type=float,
-        default=d.prefetch_pause,
+        default=d.readahead_pause,
         metavar="SECONDS",
         help="a reader unseen this long has its read-ahead paused until it reads again: it keeps "
         f"what it fetched, and the kernel forgetting it fetches nothing meanwhile; inf: never {D}",

@@ -54,16 +54,16 @@ class MountOptions:
     order: str = "full"
     block: int = 64
     window: int = 4096
-    prefetch_budget: int = 512 << 20
+    readahead_budget: int = 512 << 20
     # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
     # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
-    prefetch_inflight: int = 16
+    readahead_inflight: int = 16
     #: Seconds without a read from its reader after which a sequence's read-ahead, its window full,
     #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per window,
     #: so one that drains its window within eight times this is never paused while it reads. A
     #: validation pass or a checkpoint shorter than this changes nothing; a longer one only leaves
     #: the files the kernel forgets meanwhile to be fetched when the reader is back.
-    prefetch_pause: float = 30.0
+    readahead_pause: float = 30.0
     readdirplus: str = "auto"
     #: Threads answering the hot requests in C (``dlfs.fuse.server``); 0: pyfuse3 answers all.
     native_threads: int = field(default_factory=lambda: os.cpu_count() or 1)

@@ -15,7 +15,7 @@ the Python loader the rest; a READ of a file a batch is loading waits for it (``
 ``max_inflight`` batches run at once; bytes ahead of the reader never exceed the budget.
 
 The read-ahead works only while its reader does. A sequence whose window is full and whose reader
-has not been seen for ``pause_after`` seconds (``MountOptions.prefetch_pause``) pauses: it keeps
+has not been seen for ``pause_after`` seconds (``MountOptions.readahead_pause``) pauses: it keeps
 what it fetched, and fetches nothing more, not even the files the kernel forgets (a job that
 stopped mid-epoch would otherwise have its window fetched again after every eviction, for as long
 as the mount lives). The reader's next read that reaches the daemon, or its resolving the order
@@ -42,7 +42,7 @@ from dlfs.readahead.handoff import Handoff
 from dlfs.readahead.kernel import Kernel
 from dlfs.readahead.native_loader import NativeLoader
 from dlfs.readahead.python_loader import PythonLoader
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 MAX_READINGS = 16
 
 
-class Prefetcher:
+class ReadAhead:
     """Called on the event loop (``activate``, ``observe``, ``arrival``, ``forgotten``); fetches in
     trio's worker threads."""
 
@@ -70,7 +70,7 @@ class Prefetcher:
         self.budget = budget
         self.max_inflight = max_inflight
         self.pause_after = pause_after
-        self.stats = PrefetchStats()
+        self.stats = ReadAheadStats()
         self.handoff = Handoff()
         self.buffers = BufferPool()
         self.python = PythonLoader(index, reader, kernel, self.handoff, self.buffers, self.stats)

@@ -26,7 +26,7 @@ from dlfs.readahead.handoff import Handoff
 from dlfs.readahead.native import ALIGN, NativePusher
 from dlfs.readahead.python_loader import PythonLoader
 from dlfs.readahead.reads import storage_reads
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class NativeLoader:
         pusher: NativePusher,
         handoff: Handoff,
         buffers: BufferPool,
-        stats: PrefetchStats,
+        stats: ReadAheadStats,
         python: PythonLoader,
     ) -> None:
         self.index = index

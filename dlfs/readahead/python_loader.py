@@ -18,7 +18,7 @@ from dlfs.readahead.buffers import BufferPool
 from dlfs.readahead.handoff import Handoff, Loaded
 from dlfs.readahead.kernel import Kernel
 from dlfs.readahead.reads import Span, storage_reads
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class PythonLoader:
         kernel: Kernel,
         handoff: Handoff,
         buffers: BufferPool,
-        stats: PrefetchStats,
+        stats: ReadAheadStats,
     ) -> None:
         self.index = index
         self.reader = reader

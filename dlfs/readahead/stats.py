@@ -1,4 +1,4 @@
-"""The read-ahead's counters, shown under ``prefetch`` in ``.dlfs/stats``."""
+"""The read-ahead's counters, shown under ``readahead`` in ``.dlfs/stats``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass
-class PrefetchStats:
+class ReadAheadStats:
     issued_files: int = 0
     issued_bytes: int = 0
     storage_reads: int = 0

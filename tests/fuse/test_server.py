@@ -121,7 +121,7 @@ def test_c_and_python_answer_alike(odd_tree: Path, packed: Path, mount) -> None:
 
     # No read-ahead: after a full scan it relists every folder with attributes in the background,
     # and each entry the kernel learns that way is one LOOKUP fewer, as many as the race allows.
-    quiet = ("--prefetch-budget", "0")
+    quiet = ("--readahead-budget", "0")
     with mount(packed, "--native-threads", "0", *quiet) as mnt:
         by_python = observe(mnt)
         assert native_stats(mnt) is None
@@ -200,7 +200,7 @@ def test_after_an_order_is_announced_reads_reach_the_read_ahead(odd_tree: Path, 
         for line in order[:40]:
             assert (mnt / os.fsdecode(line)).read_bytes() == (odd_tree / os.fsdecode(line)).read_bytes()
         stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
-    assert stats["prefetch"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
+    assert stats["readahead"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
 
 
 @pytest.mark.parametrize("stop", ["umount", "sigterm"])

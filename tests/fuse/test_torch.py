@@ -166,7 +166,7 @@ def test_every_rank_gets_an_equal_share_of_a_dataset_rooted_beside_another(
                     assert len(set(combined)) == len(combined) == per_rank * world
                 else:
                     assert set(combined) == set(range(size))
-                readings = _stats(mnt)["prefetch"]["readings"]
+                readings = _stats(mnt)["readahead"]["readings"]
                 for sampler, share in zip(samplers, shares, strict=True):
                     published = sampler.order_path().read_text().splitlines()
                     assert [dataset.samples[k][0] for k in share] == [str(mnt / line) for line in published]

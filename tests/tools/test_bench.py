@@ -113,7 +113,7 @@ def test_disk_figures_count_what_the_root_read_from_its_device(tree: Path, disk:
     dlfs("pack", disk / "src", disk / "dataset")
     items = bench.Tree.walk(str(tree)).files
     cold = bench.Options(cold=True)
-    with mount(disk / "dataset", "--prefetch-budget", "0") as mnt:  # type: ignore[operator]
+    with mount(disk / "dataset", "--readahead-budget", "0") as mnt:  # type: ignore[operator]
         runs = {
             root: bench.run_once(bench.Root(root, str(path)), "seqread", items, cold)
             for root, path in {"native": disk / "src", "dlfs": mnt}.items()
@@ -222,7 +222,7 @@ def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, tmp_path: 
     with mount(dataset) as mnt:  # type: ignore[operator]
 
         def progress(result: bench.Result) -> None:
-            armed[result.job] = json.loads((mnt / ".dlfs" / "stats").read_text())["prefetch"]["readings"]
+            armed[result.job] = json.loads((mnt / ".dlfs" / "stats").read_text())["readahead"]["readings"]
 
         bench.run(
             [bench.Root.parse(str(mnt))], bench.Options(jobs=["stat", "orderread"], readers=2), progress
