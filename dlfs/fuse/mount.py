@@ -55,8 +55,8 @@ class MountOptions:
     block: int = 64
     window: int = 4096
     readahead_budget: int = 512 << 20
-    # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
-    # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
+    #: 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
+    #: (docs/design.md, "The read-ahead"); each batch in flight holds an 8 MiB read buffer.
     readahead_inflight: int = 16
     #: Seconds without a read from its reader after which a sequence's read-ahead, its window full,
     #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per window,
