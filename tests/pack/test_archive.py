@@ -495,7 +495,9 @@ def test_pax_mtimes_are_kept_to_the_nanosecond() -> None:
 def test_random_placement_of_an_archive_is_refused(tmp_path: Path) -> None:
     """An archive is read once, in its own order: its members cannot be laid out at random."""
     archive = write_tar(tmp_path / "a.tar", [("a", b"a")])
-    assert_refused(tmp_path, archive, "--order random needs a directory tree", flags=("--order", "random"))
+    assert_refused(
+        tmp_path, archive, "--placement random needs a directory tree", flags=("--placement", "random")
+    )
 
 
 def test_a_pack_from_standard_input_interrupted_while_it_waits_for_bytes_leaves_nothing(

@@ -29,7 +29,7 @@ from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
+from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
@@ -103,6 +103,7 @@ class Archive:
                 else:
                     writer.add(member, None)
             writer.finish_pending()
+            show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
             with reading(self.name, self.kind):
                 self.stream.drain()
         return rows.build(ledger, spill, options, summary)
@@ -160,7 +161,7 @@ class _Writer:
         self.inflight += self.batch_bytes
         self.batch_bytes = 0
         while self.window and (
-            len(self.window) > 2 * self.options.jobs or self.inflight > MAX_INFLIGHT_BYTES
+            len(self.window) > 2 * self.options.readers or self.inflight > MAX_INFLIGHT_BYTES
         ):
             self._drain_one()
 
@@ -207,6 +208,5 @@ class _Writer:
                 kept[payload.kept.value] = kept.get(payload.kept.value, 0) + 1
         if self.bar is not None:
             self.bar.update(payload.size)
-            if len(self.ledger) % 256 == 0:
-                rate = len(self.ledger) / max(time.monotonic() - self.started, 1e-9)
-                self.bar.set_postfix_str(f"{len(self.ledger):,} files, {rate:,.0f} files/s", refresh=False)
+            if len(self.ledger) % PROGRESS_EVERY == 0:
+                show_files(self.bar, len(self.ledger), self.started)
