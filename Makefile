@@ -119,7 +119,7 @@ bench-train: install
 # native, squashfuse_ll, dlfs, dlfs with Python answering every request; warm and cold.
 bench-loader: install
 	$(BIN)/python tools/bench_loader.py --json > docs/bench-loader.json
-	$(BIN)/python tools/bench_loader.py --jobs shuffleload --temperatures warm --readers 1 4 16 --repeat 1 \
+	$(BIN)/python tools/bench_loader.py --job shuffleload --temperatures warm --readers 1 4 16 --repeat 1 \
 		--json > docs/bench-loader-scaling.json
 
 # dlfs over a real S3 server behind a shaped network against one object per file: a 1 Gbit/s link

@@ -25,7 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from dlfs.core.errors import MountError
 from dlfs.core.protocol import LATENCY_BUCKETS
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 Json = dict[str, Any]
 
@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 #: request names many), each exported under its own name.
 _NOT_REQUESTS = ("read_bytes", "forget")
 
-#: The read-ahead's counters (all cumulative): exported as ``dlfs_prefetch_<name>_total``.
-PREFETCH_COUNTERS = tuple(field.name for field in dataclasses.fields(PrefetchStats))
+#: The read-ahead's counters (all cumulative): exported as ``dlfs_readahead_<name>_total``.
+PREFETCH_COUNTERS = tuple(field.name for field in dataclasses.fields(ReadAheadStats))
 
 
 def latency_buckets(counts: list[int]) -> list[tuple[str, float]]:
@@ -83,8 +83,8 @@ class StatsCollector(Collector):
         if store is not None:
             yield _counter("store_requests", "Requests to the object store", store.get("requests"))
             yield _counter("store_received_bytes", "Bytes received from the object store", store.get("bytes"))
-        if stats.get("prefetch") is not None:
-            yield from self._prefetch(stats["prefetch"])
+        if stats.get("readahead") is not None:
+            yield from self._readahead(stats["readahead"])
         if native:
             yield from self._native(native)
         yield _counter("forgotten_inodes", "Inodes the kernel forgot (FORGET)", requests.get("forget"))
@@ -162,25 +162,30 @@ class StatsCollector(Collector):
         yield from families.values()
 
     @staticmethod
-    def _prefetch(prefetch: Json) -> Iterator[Metric]:
+    def _readahead(readahead: Json) -> Iterator[Metric]:
         for name in PREFETCH_COUNTERS:
-            yield _counter(f"prefetch_{name}", f"Read-ahead: {name.replace('_', ' ')}", prefetch.get(name))
-        readings = (prefetch.get("readings") or {}).values()
+            yield _counter(f"readahead_{name}", f"Read-ahead: {name.replace('_', ' ')}", readahead.get(name))
+        readings = (readahead.get("readings") or {}).values()
         yield GaugeMetricFamily(
-            "dlfs_prefetch_lead_files",
+            "dlfs_readahead_lead_files",
             "Files the read-ahead holds ready ahead of its readers, over all followed sequences",
             value=sum(r.get("lead_files", 0) for r in readings),
         )
         yield GaugeMetricFamily(
-            "dlfs_prefetch_readings", "Published sequences the read-ahead follows", value=len(readings)
+            "dlfs_readahead_readings", "Published sequences the read-ahead follows", value=len(readings)
         )
         yield GaugeMetricFamily(
-            "dlfs_prefetch_inflight", "Storage batches in flight", value=prefetch.get("inflight") or 0
+            "dlfs_readahead_paused_readings",
+            "Followed sequences whose reader went quiet: their read-ahead waits for it",
+            value=readahead.get("paused_readings") or 0,
         )
         yield GaugeMetricFamily(
-            "dlfs_prefetch_budget_bytes",
+            "dlfs_readahead_inflight", "Storage batches in flight", value=readahead.get("inflight") or 0
+        )
+        yield GaugeMetricFamily(
+            "dlfs_readahead_budget_bytes",
             "Bytes read ahead of each reader at most",
-            value=prefetch.get("budget", 0),
+            value=readahead.get("budget", 0),
         )
 
     @staticmethod

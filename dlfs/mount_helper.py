@@ -44,7 +44,7 @@ class OptionError(Exception):
 
 
 def mount_flags() -> dict[str, argparse.Action]:
-    """``dlfs mount``'s long flags as option names (``prefetch_budget``) -> their argparse actions."""
+    """``dlfs mount``'s long flags as option names (``readahead_budget``) -> their argparse actions."""
     parser = cli.build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     flags = {}

@@ -37,8 +37,8 @@ def figures(stats: Json) -> Json:
     disk = stats.get("disk_cache") or {}
     store = stats.get("store") or {}
     storage = stats.get("storage") or {}
-    prefetch = stats.get("prefetch") or {}
-    readings = (prefetch.get("readings") or {}).values()
+    readahead = stats.get("readahead") or {}
+    readings = (readahead.get("readings") or {}).values()
     latency = stats.get("read_latency_us_log2") or []
     native_latency = native.get("read_latency_us_log2") or []
     return {
@@ -56,7 +56,7 @@ def figures(stats: Json) -> Json:
         "storage_bytes": storage.get("bytes", 0),
         "storage_waits": storage.get("waits", 0),
         "storage_wait_seconds": storage.get("wait_seconds", 0.0),
-        "pushed_files": prefetch.get("pushed_files", 0),
+        "pushed_files": readahead.get("pushed_files", 0),
         "lead_files": sum(r.get("lead_files", 0) for r in readings),
         "latency": latency,
         "native_latency": native_latency,

@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--readers", type=int, nargs="+", default=[8])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--jobs", default=",".join(JOBS))
+    parser.add_argument("--job", default=",".join(JOBS), help="comma-separated jobs, as dlfs bench --job")
     parser.add_argument("--temperatures", default="warm,cold")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -118,7 +118,7 @@ def main() -> None:
         dst,
         args.work / "loader",
         CASES,
-        args.jobs.split(","),
+        args.job.split(","),
         args.temperatures.split(","),
         args.readers,
         args.batch,

@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("bench-data/pack"))
     parser.add_argument("--repeat", type=int, default=4, help="rounds; 4 puts every job once in each place")
-    parser.add_argument("--jobs", type=int, help="dlfs pack --jobs (default: its own)")
+    parser.add_argument("--readers", type=int, help="dlfs pack --readers (default: its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -58,7 +58,7 @@ def main() -> None:
                 "pack",
                 str(src),
                 str(out),
-                *(["--jobs", str(args.jobs)] if args.jobs else []),
+                *(["--readers", str(args.readers)] if args.readers else []),
                 *([] if sync else ["--no-sync"]),
             ],
             check=True,

@@ -4,7 +4,7 @@
 A tree of 14.2 M real files would need 14.2 M inodes and most of an hour to write here, so the
 tree packed is a dlfs mount of the dataset ``bench_bigindex.py`` synthesises (ImageNet-like names
 in class folders, 16 bytes a file): ``dlfs pack`` walks it, reads every file through FUSE and
-writes a new dataset, as it would from a disk. For each shape and placement order: pack's peak
+writes a new dataset, as it would from a disk. For each shape and placement: pack's peak
 RSS (``wait4``'s ``ru_maxrss``, see ``LAUNCHER``: the whole process, Python, its read pool's
 buffers, the mapped column files' pages it holds), its wall time and files/s, and the index it
 wrote.
@@ -42,11 +42,11 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def pack_once(src: Path, dst: Path, order: str) -> dict[str, float]:
+def pack_once(src: Path, dst: Path, placement: str) -> dict[str, float]:
     """One ``dlfs pack`` of ``src`` into a fresh ``dst``: its summary, peak RSS and wall time."""
     shutil.rmtree(dst, ignore_errors=True)
     peak = dst.with_name("peak-rss-kib")
-    pack = [*DLFS, "pack", "--json", "--no-sync", "--order", order, str(src), str(dst)]
+    pack = [*DLFS, "pack", "--json", "--no-sync", "--placement", placement, str(src), str(dst)]
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", LAUNCHER, str(peak), *pack], stdout=subprocess.PIPE, check=False
@@ -71,24 +71,28 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("bench-data/bigindex"))
     parser.add_argument("--shape", nargs="+", choices=SHAPES, default=list(SHAPES))
-    parser.add_argument("--order", nargs="+", choices=("source", "random"), default=["source", "random"])
+    parser.add_argument("--placement", nargs="+", choices=("source", "random"), default=["source", "random"])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for shape in args.shape:
         results[shape] = {}
         with dlfs_mount(ensure_dataset(args.work, shape), args.work / "mnt"):
-            for order in args.order:
-                print(f"packing {shape} ({order} order) ...", file=sys.stderr, flush=True)
-                results[shape][order] = pack_once(args.work / "mnt", args.work / "packed", order)
-                print(f"{shape} {order}: {json.dumps(results[shape][order])}", file=sys.stderr, flush=True)
+            for placement in args.placement:
+                print(f"packing {shape} ({placement} placement) ...", file=sys.stderr, flush=True)
+                results[shape][placement] = pack_once(args.work / "mnt", args.work / "packed", placement)
+                print(
+                    f"{shape} {placement}: {json.dumps(results[shape][placement])}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if args.json:
         print_document(results)
         return
-    for shape, orders in results.items():
-        for order, r in orders.items():
+    for shape, placements in results.items():
+        for placement, r in placements.items():
             print(
-                f"{shape:>13} {order:>6}: {r['files']:,} files, "
+                f"{shape:>13} {placement:>6}: {r['files']:,} files, "
                 f"peak RSS {r['peak_rss'] / 2**20:,.0f} MiB, {r['pack_s']:.0f} s "
                 f"({r['files_per_s']:,.0f} files/s), index {r['index_bytes'] / 2**20:,.0f} MiB"
             )

@@ -81,7 +81,7 @@ def main() -> None:
         "dlfs read-ahead": ([], 1),
         # --readdirplus always: the scan itself builds the inodes the default builds after it.
         "dlfs read-ahead, always": (["--readdirplus", "always"], 1),
-        "dlfs no read-ahead": (["--prefetch-budget", "0"], 1),
+        "dlfs no read-ahead": (["--readahead-budget", "0"], 1),
         # Epoch 1 of one mount, after epoch 0 put the dataset in the mount's page cache (it fits in RAM).
         "dlfs read-ahead 2nd epoch": ([], 2),
     }

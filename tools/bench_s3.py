@@ -258,7 +258,7 @@ def main() -> None:
             with dlfs_mount(url, mnt, *flags) as (pid, _), rss_sampled(pid) as rss:
                 run, moved = epoch(mnt, items, args.readers, args.batch, shape)
                 budgets = {
-                    "prefetch": stats(mnt)["prefetch"]["budget"],
+                    "readahead": stats(mnt)["readahead"]["budget"],
                     "cache": stats(mnt)["cache"]["budget"],
                 }
             drop_caches()

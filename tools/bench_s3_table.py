@@ -72,7 +72,7 @@ def link(data: Json) -> list[str]:
     out += [
         "Epoch read (RSS: the daemon's peak, sampled every 0.1 s; its payload cache may hold "
         f"{budgets['cache'] >> 20} MiB, `--cache-size` plus the read-ahead's "
-        f"{budgets['prefetch'] >> 20} MiB):",
+        f"{budgets['readahead'] >> 20} MiB):",
         "",
         *table(["reader", "files/s", "GETs", "RSS MiB", "vs objects", "vs local shards"], rows),
         "",

@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
 
     src, dataset, slow = args.work / "src", args.work / "dataset", args.work / "slow"
-    ensure_packed(args.work, args.files, args.classes, "jpeg", dataset, "--order", "random")
+    ensure_packed(args.work, args.files, args.classes, "jpeg", dataset, "--placement", "random")
     size = 2 * sum(p.stat().st_size for p in args.work.rglob("*") if p.is_file()) + (256 << 20)
     slowdisk.down(slow)
     slowdisk.up(slow, size, args.iops, slowdisk.parse_size(args.bps))

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -250,6 +251,38 @@ class Index:
             parts.append(self.name(row))
             row = int(self.parent[row])
         return b"/".join(reversed(parts))
+
+    def listing(self, row: int, recursive: bool = False) -> Iterator[tuple[int, bytes]]:
+        """``ls`` of a row, as (row, name shown): a file alone, by its path; a folder's entries by
+        name; with ``recursive``, each folder's entries together, then its subfolders' in turn, by
+        their paths (what ``ls -R`` lists, without reading a row twice)."""
+        if not self.is_dir(row):
+            yield row, self.path(row)
+            return
+        stack = [row]
+        while stack:
+            folder = stack.pop()
+            children = self.children(folder)
+            prefix = self.path(folder) + b"/" if recursive and folder != fmt.ROOT_ROW else b""
+            for child in children:
+                yield child, prefix + self.name(child)
+            if recursive:
+                stack.extend(child for child in reversed(children) if self.is_dir(child))
+
+    def summary(self) -> dict[str, int]:
+        """What the dataset holds: entries of each kind, the files' bytes, what the shards store
+        and how many files are stored compressed. Counted from the columns, no row visited."""
+        kinds = self.kinds(slice(None))
+        files = kinds == stat.S_IFREG
+        return {
+            "files": int(np.count_nonzero(files)),
+            "directories": int(np.count_nonzero(kinds == stat.S_IFDIR)),
+            "symlinks": int(np.count_nonzero(kinds == stat.S_IFLNK)),
+            "bytes": int(self.size[files].sum()),
+            "stored_bytes": self.total_stored,
+            "shards": len(self.shard_names),
+            "compressed_files": int(np.count_nonzero(self.flags & fmt.FLAG_LZ4)),
+        }
 
     def readlink(self, row: int) -> bytes:
         start = int(self.offset[row])

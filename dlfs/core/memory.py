@@ -2,7 +2,7 @@
 
 What a daemon's resident memory is made of: the interpreter and its libraries, the index (read
 whole at start), the payload cache (``--cache-size``) and the read-ahead's files parked in it
-(``--prefetch-budget``), one read buffer per read-ahead batch in flight (``--prefetch-inflight``;
+(``--readahead-budget``), one read buffer per read-ahead batch in flight (``--readahead-inflight``;
 two for an object store, whose responses land beside it), and what the allocator and thread stacks
 grow by under load (``UNDER_LOAD``). ``--memory-limit`` bounds the sum: what the daemon holds once
 its index is loaded is measured, and the budgets and batches are fitted to the rest.
@@ -125,19 +125,19 @@ def available(limit: int | None = None) -> Available:
 @dataclass(frozen=True)
 class Budgets:
     cache_size: int
-    prefetch_budget: int
-    prefetch_inflight: int
+    readahead_budget: int
+    readahead_inflight: int
     #: One line for the user when they were clamped; None when they fit as asked.
     note: str | None = None
 
 
-def fit(cache_size: int, prefetch_budget: int, inflight: int, buffer: int, room: Available) -> Budgets:
+def fit(cache_size: int, readahead_budget: int, inflight: int, buffer: int, room: Available) -> Budgets:
     """The budgets and the batches in flight (each holding ``buffer`` bytes while the read-ahead is
     on) fitted to ``room`` less ``UNDER_LOAD``: the buffers to half of it at most, the two budgets
     to ``room.share`` of what the buffers leave, the read-ahead's first. Refuses the mount
     (``MountError``) when one buffer leaves less than ``MIN_ROOM``."""
     usable = room.bytes - UNDER_LOAD
-    buffer = buffer if prefetch_budget > 0 else 0
+    buffer = buffer if readahead_budget > 0 else 0
     if usable - buffer < MIN_ROOM:
         raise MountError(
             f"only {_mib(max(room.bytes, 0))} of memory is available to the mount ({room.source}); "
@@ -145,12 +145,12 @@ def fit(cache_size: int, prefetch_budget: int, inflight: int, buffer: int, room:
         )
     batches = min(inflight, max(1, usable // 2 // buffer)) if buffer else inflight
     fits = int((usable - batches * buffer) * room.share)
-    if cache_size + prefetch_budget <= fits and batches == inflight:
-        return Budgets(cache_size, prefetch_budget, inflight)
-    prefetch = min(prefetch_budget, max(fits - cache_size, fits // 2))
-    cache = min(cache_size, fits - prefetch)
-    asked = _flags(cache_size, prefetch_budget, inflight)
-    used = _flags(cache, prefetch, batches)
+    if cache_size + readahead_budget <= fits and batches == inflight:
+        return Budgets(cache_size, readahead_budget, inflight)
+    readahead = min(readahead_budget, max(fits - cache_size, fits // 2))
+    cache = min(cache_size, fits - readahead)
+    asked = _flags(cache_size, readahead_budget, inflight)
+    used = _flags(cache, readahead, batches)
     changed = [flag for flag in asked if asked[flag] != used[flag]]
     portion = "" if room.share >= 1 else f"{room.share:.0%} of "
     note = (
@@ -158,15 +158,15 @@ def fit(cache_size: int, prefetch_budget: int, inflight: int, buffer: int, room:
         f"{_mib(room.bytes)} of memory available to the mount ({room.source}): using "
         f"{', '.join(f'{flag} {used[flag]}' for flag in changed)}"
     )
-    return Budgets(cache, prefetch, batches, note)
+    return Budgets(cache, readahead, batches, note)
 
 
-def _flags(cache_size: int, prefetch_budget: int, inflight: int) -> dict[str, str]:
+def _flags(cache_size: int, readahead_budget: int, inflight: int) -> dict[str, str]:
     """The three flags ``fit`` may change, as its note names them."""
     return {
         "--cache-size": _mib(cache_size),
-        "--prefetch-budget": _mib(prefetch_budget),
-        "--prefetch-inflight": str(inflight),
+        "--readahead-budget": _mib(readahead_budget),
+        "--readahead-inflight": str(inflight),
     }
 
 

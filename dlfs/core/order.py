@@ -19,7 +19,7 @@ Modes:
     For slow media: the files in storage order are cut into runs of ``block`` neighbours, the runs
     are shuffled, then the sequence is shuffled within consecutive windows of ``window`` files.
     Reads stay near-sequential while the order still mixes (the WebDataset/FFCV idea); pack with
-    ``--order random`` so that neighbours come from different classes. Ranks get contiguous slices,
+    ``--placement random`` so that neighbours come from different classes. Ranks get contiguous slices,
     so each rank's reads stay near-sequential too.
 """
 

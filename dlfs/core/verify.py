@@ -92,7 +92,7 @@ class VerifyReport:
 
 
 def verify(
-    location: str, jobs: int = 4, progress: bool = True, options: StoreOptions | None = None
+    location: str, readers: int = 4, progress: bool = True, options: StoreOptions | None = None
 ) -> VerifyReport:
     """Check every file in storage order; a bad file is reported, never fatal to the rest."""
     started = time.monotonic()
@@ -125,7 +125,7 @@ def verify(
                 desc="verify",
                 disable=not progress,
             ) as bar,
-            ThreadPoolExecutor(max_workers=jobs) as pool,
+            ThreadPoolExecutor(max_workers=readers) as pool,
         ):
             runs = _runs(index, rows)
             for start in range(0, len(runs), BATCH):

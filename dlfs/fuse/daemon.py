@@ -29,15 +29,15 @@ from dlfs.core.store import Store, index_copies, is_s3, open_store
 from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.features import log_pyfuse3_features, readahead_loop_missing, unavailable
-from dlfs.fuse.kernel import FuseKernel, MountListing
+from dlfs.fuse.fuse_kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.mount import MountOptions, check_allow_other, check_mountpoint, mount_id, still_mounted
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
-from dlfs.fuse.reads import TrioReader
+from dlfs.fuse.trio_reader import TrioReader
 from dlfs.readahead.buffers import REUSED_BUFFER
-from dlfs.readahead.engine import Prefetcher
+from dlfs.readahead.engine import ReadAhead
 
 if TYPE_CHECKING:  # imported when --metrics-port asks for it
     from dlfs.metrics import MetricsEndpoint
@@ -58,7 +58,7 @@ SCANS_EVERY = 0.05
 
 
 async def _serve(
-    prefetcher: Prefetcher | None,
+    readahead: ReadAhead | None,
     native: native_server.NativeServer | None,
     lister: FolderLister,
     pages: MountPageCache,
@@ -72,8 +72,8 @@ async def _serve(
         nursery.start_soon(_terminate_on_signal)
         if mount is not None:
             nursery.start_soon(_let_go_when_unmounted, pages, mount)
-        if prefetcher is not None:
-            nursery.start_soon(prefetcher.run)
+        if readahead is not None:
+            nursery.start_soon(readahead.run)
         if native is not None and native.threads:
             nursery.start_soon(_relay_scans, native, lister)
         await pyfuse3.main()
@@ -148,7 +148,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         options, notes = _fit_memory(options, store)
         # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
         # cache, so the cache holds its budget on top of what demand reads get.
-        cache = PayloadCache(options.cache_size + options.prefetch_budget)
+        cache = PayloadCache(options.cache_size + options.readahead_budget)
         reader = TrioReader(index, store, cache, max_threads=options.threads)
         # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach
         # the kernel files and by the read-ahead's kernel, which steers those listings.
@@ -156,18 +156,23 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         resolved = mountpoint.resolve()  # before mounting: resolving it after would ask this daemon
         pages = MountPageCache(str(resolved))
         listing = MountListing(index, known, pages)
-        lister = FolderLister(index, listing.list_folder, after_scans=options.prefetch_budget > 0)
-        prefetcher = None
-        if options.prefetch_budget > 0:
+        lister = FolderLister(index, listing.list_folder, after_scans=options.readahead_budget > 0)
+        readahead = None
+        if options.readahead_budget > 0:
             kernel = FuseKernel(index, known, pages, lister)
-            prefetcher = Prefetcher(
-                index, reader, kernel, budget=options.prefetch_budget, max_inflight=options.prefetch_inflight
+            readahead = ReadAhead(
+                index,
+                reader,
+                kernel,
+                budget=options.readahead_budget,
+                max_inflight=options.readahead_inflight,
+                pause_after=options.readahead_pause,
             )
         spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
         requests: Counter[str] = Counter()
         read_latency = [0] * LATENCY_BUCKETS
         native, missing = _native_server(index, reader, known, options)
-        if prefetcher is not None and (reason := readahead_loop_missing()) is not None:
+        if readahead is not None and (reason := readahead_loop_missing()) is not None:
             missing.append(unavailable("read-ahead loop", reason))
         if native is not None:
             resources.callback(native.close)  # after the unmount: its threads stop with the session
@@ -187,7 +192,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
                 "read_seconds": round(operations.read_seconds, 6),
                 "disk_cache": counted.get("disk_cache"),
                 "store": counted.get("store"),
-                "prefetch": prefetcher.snapshot() if prefetcher is not None else None,
+                "readahead": readahead.snapshot() if readahead is not None else None,
                 "native": native.counts() if native is not None else None,
                 "listed_folders": lister.listed,
                 # Listings the C threads answered count until the lister has taken them (_relay_scans).
@@ -197,7 +202,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
 
         control = ControlTree(index, spec, stats)
         operations = DlfsOperations(
-            index, reader, control, prefetcher, lister, known, requests, native, read_latency
+            index, reader, control, readahead, lister, known, requests, native, read_latency
         )
         operations.readdirplus_auto = options.readdirplus == "auto"
         metrics = _metrics_endpoint(options)
@@ -236,7 +241,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
-            trio.run(_serve, prefetcher, native, lister, pages, mount_id(resolved), metrics, stats)
+            trio.run(_serve, readahead, native, lister, pages, mount_id(resolved), metrics, stats)
         clean = True
     log.info("unmounted %s", mnt)
 
@@ -250,8 +255,8 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
         buffer *= 2  # a batch's hinted GETs land beside its buffer
     fitted = memory.fit(
         options.cache_size,
-        options.prefetch_budget,
-        options.prefetch_inflight,
+        options.readahead_budget,
+        options.readahead_inflight,
         buffer,
         memory.available(options.memory_limit),
     )
@@ -261,8 +266,8 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     options = dataclasses.replace(
         options,
         cache_size=fitted.cache_size,
-        prefetch_budget=fitted.prefetch_budget,
-        prefetch_inflight=fitted.prefetch_inflight,
+        readahead_budget=fitted.readahead_budget,
+        readahead_inflight=fitted.readahead_inflight,
     )
     return options, [fitted.note]
 

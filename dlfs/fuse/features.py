@@ -96,3 +96,19 @@ def log_pyfuse3_features(log: logging.Logger, features: Iterable[str] | None = N
         return
     for line in lines:
         log.warning(line)
+
+
+def native_loops() -> str:
+    """One line on the C loops, which pip or make builds beside the Python modules: each one that
+    is missing leaves its work to Python, slower, with nothing else to tell it apart."""
+    try:  # the FUSE side's modules need pyfuse3, whose absence ``dlfs --version`` names before this
+        from dlfs.fuse import dirents, server
+        from dlfs.readahead import native
+    except ImportError as exc:
+        return f"C loops: not checked ({exc})"
+
+    loops = {"read-ahead": native.LIBRARY, "listings": dirents.LIBRARY, "request server": server.LIBRARY}
+    missing = [f"{name} ({path.name})" for name, path in loops.items() if not path.exists()]
+    if missing:
+        return f"C loops not built: {', '.join(missing)}; Python does their work, slower (pip builds them)"
+    return f"C loops built: {', '.join(loops)}"

@@ -2,7 +2,7 @@
 
 The kernel keeps entries and inodes it learnt (LOOKUP, READDIRPLUS) until it forgets them (FORGET),
 and only a known inode can take pushed pages. The FUSE adapter feeds this record from those
-requests; the read-ahead's kernel (``dlfs.fuse.kernel``) reads it to list only the folders the
+requests; the read-ahead's kernel (``dlfs.fuse.fuse_kernel``) reads it to list only the folders the
 kernel may not know, and steers their listings to carry every file's attributes.
 """
 

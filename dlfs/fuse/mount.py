@@ -8,6 +8,7 @@ forked process, and this module imports none of them, so the command itself star
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import logging
@@ -17,7 +18,7 @@ import select
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from dlfs.core.errors import MountError
@@ -53,10 +54,16 @@ class MountOptions:
     order: str = "full"
     block: int = 64
     window: int = 4096
-    prefetch_budget: int = 512 << 20
-    # 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
-    # (cold epoch, 8 readers: +12 % files/s); each batch in flight holds an 8 MiB read buffer.
-    prefetch_inflight: int = 16
+    readahead_budget: int = 512 << 20
+    #: 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
+    #: (docs/design.md, "The read-ahead"); each batch in flight holds an 8 MiB read buffer.
+    readahead_inflight: int = 16
+    #: Seconds without a read from its reader after which a sequence's read-ahead, its window full,
+    #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per window,
+    #: so one that drains its window within eight times this is never paused while it reads. A
+    #: validation pass or a checkpoint shorter than this changes nothing; a longer one only leaves
+    #: the files the kernel forgets meanwhile to be fetched when the reader is back.
+    readahead_pause: float = 30.0
     readdirplus: str = "auto"
     #: Threads answering the hot requests in C (``dlfs.fuse.server``); 0: pyfuse3 answers all.
     native_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -68,6 +75,12 @@ class MountOptions:
     #: Serve the mount's counters to Prometheus on this TCP port (``dlfs.metrics``); None: off.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, store: StoreOptions) -> MountOptions:
+        """The options ``dlfs mount``'s parsed flags give, each flag named after its field (the
+        command's parser takes its defaults from here, so the two never disagree)."""
+        return cls(store=store, **{f.name: getattr(args, f.name) for f in fields(cls) if f.name != "store"})
 
 
 def _mounts() -> list[tuple[int, bytes, str]]:

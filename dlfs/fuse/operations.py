@@ -43,9 +43,9 @@ from dlfs.fuse import dirents
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
-from dlfs.fuse.reads import TrioReader
 from dlfs.fuse.server import NativeServer
-from dlfs.readahead.engine import Prefetcher
+from dlfs.fuse.trio_reader import TrioReader
+from dlfs.readahead.engine import ReadAhead
 
 #: The data never changes while mounted, so the kernel may keep names and attributes for a day.
 CACHE_TIMEOUT = 24 * 3600.0
@@ -86,7 +86,7 @@ class DlfsOperations(pyfuse3.Operations):
         index: Index,
         reader: TrioReader,
         control: ControlTree,
-        prefetcher: Prefetcher | None = None,
+        readahead: ReadAhead | None = None,
         lister: FolderLister | None = None,
         known: KernelKnowledge | None = None,
         requests: Counter[str] | None = None,
@@ -97,7 +97,7 @@ class DlfsOperations(pyfuse3.Operations):
         self.index = index
         self.reader = reader
         self.control = control
-        self.prefetcher = prefetcher
+        self.readahead = readahead
         self.lister = lister
         self.known = known if known is not None else KernelKnowledge(index)
         #: Requests answered, by kind (and bytes read), for ``.dlfs/stats``.
@@ -182,8 +182,8 @@ class DlfsOperations(pyfuse3.Operations):
             return self._entry(fmt.ROOT_ROW)
         if self.control.is_order(inode):
             reading = await trio.to_thread.run_sync(self.control.reading, inode)
-            if self.prefetcher is not None:
-                self.prefetcher.activate(reading)
+            if self.readahead is not None:
+                self.readahead.activate(reading)
                 if self.native is not None:
                     self.native.watch_reads()  # the read-ahead follows the reader by its READs
         return await self._control_entry(inode)
@@ -319,9 +319,9 @@ class DlfsOperations(pyfuse3.Operations):
         if not self.index.is_file(row):
             raise pyfuse3.FUSEError(errno.EISDIR if self.index.is_dir(row) else errno.EINVAL)
         started = time.perf_counter()
-        if self.prefetcher is not None:
-            self.prefetcher.observe(row)
-            await self.prefetcher.arrival(row)
+        if self.readahead is not None:
+            self.readahead.observe(row)
+            await self.readahead.arrival(row)
         try:
             data = await self.reader.read(row, off, size)
         except DlfsError as exc:
@@ -350,8 +350,8 @@ class DlfsOperations(pyfuse3.Operations):
         folders = self.known.forgotten(rows)
         if self.lister is not None and folders:
             self.lister.forgotten(folders)
-        if self.prefetcher is not None:
-            self.prefetcher.forgotten(rows)
+        if self.readahead is not None:
+            self.readahead.forgotten(rows)
 
     async def statfs(self, ctx: RequestContext) -> StatvfsData:
         out = StatvfsData()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
@@ -18,20 +19,22 @@ from dlfs.pack.transform import Transform
 
 log = logging.getLogger(__name__)
 
-ORDERS = ("source", "random")
+#: Where file bytes go in the shards (``placement``).
+PLACEMENTS = ("source", "random")
 
 #: Readers: two per core, at most 8. Each writes what it has read at once, so more readers than
 #: that only evict each other's bytes from the caches: 20k JPEGs packed warm in 2.0-2.2 s with 4
 #: on 2 cores, 2.9-3.1 s with 8; from a cold disk 2, 4 or 8 made no difference (4.0-4.7 s).
-DEFAULT_JOBS = min(8, 2 * (os.cpu_count() or 1))
+DEFAULT_READERS = min(8, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
 class PackOptions:
     shard_size: int = 1 << 30
-    jobs: int = DEFAULT_JOBS
+    #: Files read at once (threads; with a transform, at most this many worker processes).
+    readers: int = DEFAULT_READERS
     compress: bool = False
-    order: str = "source"
+    placement: str = "source"
     seed: int = 0
     force: bool = False
     skip_errors: bool = False
@@ -81,6 +84,10 @@ class PackSummary:
         return asdict(self)
 
 
+#: Files between refreshes of the files/s figure on the progress bar.
+PROGRESS_EVERY = 256
+
+
 def progress_bar(options: PackOptions, total: int | None = None) -> tqdm:
     """Pack's progress bar over bytes (``total``: None where the bytes to come are not known)."""
     return tqdm(
@@ -92,6 +99,12 @@ def progress_bar(options: PackOptions, total: int | None = None) -> tqdm:
         desc="pack",
         dynamic_ncols=True,
     )
+
+
+def show_files(bar: tqdm, files: int, started: float) -> None:
+    """The files placed so far and their rate, drawn with the bar's next refresh."""
+    rate = files / max(time.monotonic() - started, 1e-9)
+    bar.set_postfix_str(f"{files:,} files, {rate:,.0f} files/s", refresh=False)
 
 
 def fail_or_skip(message: str, options: PackOptions, summary: PackSummary, path: bytes) -> None:

@@ -34,7 +34,15 @@ from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
-from dlfs.pack.options import ORDERS, PackOptions, PackSummary, fail_or_skip, progress_bar
+from dlfs.pack.options import (
+    PLACEMENTS,
+    PROGRESS_EVERY,
+    PackOptions,
+    PackSummary,
+    fail_or_skip,
+    progress_bar,
+    show_files,
+)
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
@@ -42,8 +50,6 @@ from dlfs.pack.writers import InOrderShards, InPlaceShards, ShardSet
 
 log = logging.getLogger(__name__)
 
-#: Files between refreshes of the files/s figure on the progress bar.
-PROGRESS_EVERY = 256
 #: The index file's write buffer.
 INDEX_BUFFER = 1 << 20
 
@@ -51,8 +57,8 @@ INDEX_BUFFER = 1 << 20
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
     """Pack ``src`` into the dataset directory or ``s3://`` prefix ``dst``; see the module docstring
     for guarantees."""
-    if options.order not in ORDERS:
-        raise PackError(f"unknown order {options.order!r}; choose one of {', '.join(ORDERS)}")
+    if options.placement not in PLACEMENTS:
+        raise PackError(f"unknown placement {options.placement!r}; choose one of {', '.join(PLACEMENTS)}")
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
@@ -62,9 +68,10 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     tree = os.fspath(src) != "-" and src_path.is_dir()
     if tree and options.expand_tars and not options.in_place:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
-    if (options.in_place or not tree) and options.order != "source":
+    if (options.in_place or not tree) and options.placement != "source":
         raise PackError(
-            "an archive's members are laid into shards as they arrive; --order random needs a directory tree"
+            "an archive's members are laid into shards as they arrive; "
+            "--placement random needs a directory tree"
         )
     archive = _archive(src_path, tree, dst, options)
     try:
@@ -169,7 +176,7 @@ def _write_payloads(
     (in place, their slots stay holes)."""
     started = time.monotonic()
     total = summary.source_bytes = tree.file_bytes
-    files = (tree.entries(rows) for rows in placement_order(tree, options.order, options.seed))
+    files = (tree.entries(rows) for rows in placement_order(tree, options.placement, options.seed))
     reads = shards.reads(pool, files, options)
     with progress_bar(options, total) as bar:
         for file, slot, outcome in reads:
@@ -187,9 +194,9 @@ def _write_payloads(
             if options.transform is not None:
                 _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
             if len(placed) % PROGRESS_EVERY == 0:
-                rate = len(placed) / max(time.monotonic() - started, 1e-9)
-                bar.set_postfix_str(f"{len(placed):,} files, {rate:,.0f} files/s", refresh=False)
+                show_files(bar, len(placed), started)
             bar.update(size)
+        show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
@@ -201,12 +208,12 @@ def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
 
 @contextmanager
 def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Executor | None]:
-    """Worker processes for ``--transform``, one per core (at most ``--jobs``), started fresh
+    """Worker processes for ``--transform``, one per core (at most ``--readers``), started fresh
     (spawn) so each can load the fastest codec before anything imports ``PIL``; None without one."""
     if options.transform is None:
         yield None
         return
-    workers = max(1, min(options.jobs, len(os.sched_getaffinity(0))))
+    workers = max(1, min(options.readers, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
         summary.transform = options.transform.spec
@@ -221,7 +228,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             yield pool
         except BrokenProcessPool:
             raise PackError(
-                "a --transform worker process died (killed, or out of memory?); see the log, lower --jobs "
+                "a --transform worker process died (killed, or out of memory?); see the log, lower --readers "
                 "and pack again"
             ) from None
 
@@ -241,7 +248,9 @@ def _pack_locked(
     else:
         shards = InOrderShards(store, summary.dataset_id, options.shard_size)
     with (
-        ThreadPoolExecutor(options.jobs, thread_name_prefix="dlfs-pack", initializer=block_in_thread) as pool,
+        ThreadPoolExecutor(
+            options.readers, thread_name_prefix="dlfs-pack", initializer=block_in_thread
+        ) as pool,
         _transform_pool(options, summary) as transforms,
     ):
         try:
@@ -266,7 +275,7 @@ def _pack_locked(
                     "source_kind": "directory" if archive is None else archive.kind,
                     "shard_size": options.shard_size,
                     "compress": "lz4" if options.compress else "none",
-                    "order": options.order,
+                    "placement": options.placement,
                     "seed": options.seed,
                     "transform": summary.transform or "none",
                 },

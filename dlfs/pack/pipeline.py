@@ -213,7 +213,7 @@ def read_ahead(
                 future = pool.submit(_copy_batch, copies)
             window.append((batch, slots, future, charged))
             inflight += charged
-        while window and (len(window) > 2 * options.jobs or inflight > MAX_INFLIGHT_BYTES):
+        while window and (len(window) > 2 * options.readers or inflight > MAX_INFLIGHT_BYTES):
             yield from drain_one()
     while window:
         yield from drain_one()

@@ -29,9 +29,9 @@ ROUNDS = 6
 _EMPTY = np.zeros(0, dtype=np.uint32)
 
 
-def placement_order(tree: Tree, order: str, seed: int) -> Iterator[np.ndarray]:
+def placement_order(tree: Tree, placement: str, seed: int) -> Iterator[np.ndarray]:
     """File rows (int64) in the order their bytes are laid into shards, CHUNK at a time."""
-    return _random(tree, seed) if order == "random" else _rebatch(_pre_order(tree))
+    return _random(tree, seed) if placement == "random" else _rebatch(_pre_order(tree))
 
 
 def _pre_order(tree: Tree) -> Iterator[np.ndarray]:

@@ -190,7 +190,7 @@ def walk(
     level = [fmt.ROOT_ROW]
     while level:
         next_level = []
-        listings = _listings(pool, [tree.dirs[row].path for row in level], 2 * options.jobs)
+        listings = _listings(pool, [tree.dirs[row].path for row in level], 2 * options.readers)
         for row, listing in zip(level, listings, strict=True):
             directory = tree.dirs[row]
             path = directory.path

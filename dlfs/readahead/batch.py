@@ -31,10 +31,10 @@ SENTINEL_SPACINGS = (13, 31, 61, 127, 251, 509, 1021)
 def sentinel_spacing(budget: int, mean_size: float) -> int:
     """The widest spacing of sentinels that still puts eight of them within the budget.
 
-    Each sentinel's READ is a round trip through a daemon busy pushing (1-3 ms): at one file in 61,
-    a single reader spent half its warm epoch on them (20k JPEGs: 328 sentinels, 1.23 of 2.16 s).
-    The cursor lags the reader by up to one spacing, which a budget holding eight absorbs. The
-    default budget and ImageNet-sized files give 509.
+    Each sentinel's READ is a round trip through a daemon busy pushing, and a warm reader waits
+    for every one of them: sentinels close together cost a warm epoch a large share of its time
+    (docs/design.md, the read-ahead). The cursor lags the reader by up to one spacing, which a budget holding
+    eight absorbs. The default budget and ImageNet-sized files give 509.
     """
     files = budget / max(mean_size, 1.0)
     fitting = [every for every in SENTINEL_SPACINGS if 8 * every <= files]

@@ -15,7 +15,7 @@ REUSED_BUFFER = 8 << 20
 
 class BufferPool:
     """A fresh buffer per read cost page faults and allocator work on every file, in a daemon short
-    of CPU (one per C call: 0.12 s of 3 in a cold epoch). Buffers go back to the pool when their
+    of CPU (one per C call, a measurable share of a cold epoch). Buffers go back to the pool when their
     batch is done, so there are never more buffers than batches in flight, whichever of trio's
     worker threads runs them.
     """

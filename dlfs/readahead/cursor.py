@@ -20,10 +20,16 @@ from dlfs.core.protocol import Reading
 class Move(enum.Enum):
     """What a read of a position in the sequence says about its reader."""
 
-    NONE = enum.auto()  # a slower worker behind the cursor, or a file of no followed sequence
+    NONE = enum.auto()  # a file of no followed sequence, or of another reader (see ``Follow.read``)
+    BEHIND = enum.auto()  # a slower worker, less than a window behind the cursor
     ADVANCED = enum.auto()  # the reader got further
     SKIPPED = enum.auto()  # the reader jumped more than a window past what was fetched
     RESTARTED = enum.auto()  # the epoch started over
+
+
+#: Reads that show the sequence's own reader at work: they keep its read-ahead going, or resume it.
+#: A skip does not: any reader's file lands more than a window ahead of most sequences' cursors.
+READER_MOVES = frozenset({Move.BEHIND, Move.ADVANCED, Move.RESTARTED})
 
 
 class Seen(NamedTuple):
@@ -48,6 +54,8 @@ class Follow:
     cursor: int = 0
     fetched: int = 0
     ahead: int = 0
+    paused: bool = False
+    heard: float = 0.0
 
     @classmethod
     def start(cls, reading: Reading, file_sizes: np.ndarray) -> Follow:
@@ -94,6 +102,12 @@ class Follow:
         self.done[pos:] = False
         self.ahead = 0
 
+    def resume(self) -> None:
+        """The reader of a paused sequence is back, at the cursor: what the kernel lost behind it,
+        the reader read before it stopped, so it is not fetched again."""
+        self.paused = False
+        self.fetched = max(self.fetched, self.cursor)
+
     def lost(self, positions: np.ndarray) -> None:
         """Fetched files the kernel dropped before the reader came: fetch them again."""
         self.done[positions] = False
@@ -117,11 +131,14 @@ class Follow:
         cursor is the furthest position seen. A read behind it is a slower worker, unless it is one
         of the sequence's first two sentinels while the cursor is a window past it: then the epoch
         restarted. Sentinels are never pushed, so a reader starting over always reaches them; a
-        slow worker a window behind is common, one still at the very start is not.
+        slow worker a window behind is common, one still at the very start is not. Any other read
+        more than a window behind is another reader's file: every file is in every epoch.
 
         A read beyond what was fetched moves the fetching there only when it is more than a window
         ahead (a reader skipped); a nearer one is a fast worker, and the files behind it are exactly
-        what the others need next, so they are still fetched.
+        what the others need next, so they are still fetched. A paused sequence takes no skip: its
+        reader comes back where it stopped (a job that starts over elsewhere resolves the order file
+        again, which resumes it), and a read far ahead is then another reader's file.
         """
         pos = int(self.position[row])
         if pos < 0:
@@ -131,12 +148,17 @@ class Follow:
         if pos >= self.cursor:
             move = Move.ADVANCED
             if pos >= self.fetched and pos >= self.fetched + self.window_files(budget, sentinel_every):
+                if self.paused:
+                    return Seen(Move.NONE)
                 move = Move.SKIPPED
                 self.skip_to(pos)
             passed = pos - self.cursor
             self.advance(pos)
             return Seen(move, passed)
-        if pos in (0, sentinel_every) and self.window_files(budget, sentinel_every) <= self.cursor - pos:
+        behind = self.cursor - pos
+        if behind < self.window_files(budget, sentinel_every):
+            return Seen(Move.BEHIND)
+        if pos in (0, sentinel_every):
             self.restart(pos)
             return Seen(Move.RESTARTED)
         return Seen(Move.NONE)
@@ -148,4 +170,5 @@ class Follow:
             "fetched": self.fetched,
             "lead_files": int(self.done[self.cursor :].sum()),
             "lead_bytes": self.ahead,
+            "paused": self.paused,
         }

@@ -13,12 +13,21 @@ so that reaching it tells the engine how far the reader got. What to fetch next 
 plan; how storage is read is ``reads``'; the C loop (``native_loader``) pushes the common files and
 the Python loader the rest; a READ of a file a batch is loading waits for it (``handoff``). At most
 ``max_inflight`` batches run at once; bytes ahead of the reader never exceed the budget.
+
+The read-ahead works only while its reader does. A sequence whose window is full and whose reader
+has not been seen for ``pause_after`` seconds (``MountOptions.readahead_pause``) pauses: it keeps
+what it fetched, and fetches nothing more, not even the files the kernel forgets (a job that
+stopped mid-epoch would otherwise have its window fetched again after every eviction, for as long
+as the mount lives). The reader's next read that reaches the daemon, or its resolving the order
+file again, resumes it at once, from where the reader is. A pause the reader comes back from costs
+nothing while the kernel keeps the window: its files are still in the page cache.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import numpy as np
 import trio
@@ -28,12 +37,12 @@ from dlfs.core.protocol import Reading
 from dlfs.core.reader import Reader
 from dlfs.readahead.batch import StorageNeighbours, next_batch, sentinel_spacing, sentinels
 from dlfs.readahead.buffers import BufferPool
-from dlfs.readahead.cursor import Follow, Move
+from dlfs.readahead.cursor import READER_MOVES, Follow, Move
 from dlfs.readahead.handoff import Handoff
 from dlfs.readahead.kernel import Kernel
 from dlfs.readahead.native_loader import NativeLoader
 from dlfs.readahead.python_loader import PythonLoader
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 log = logging.getLogger(__name__)
 
@@ -41,19 +50,27 @@ log = logging.getLogger(__name__)
 MAX_READINGS = 16
 
 
-class Prefetcher:
+class ReadAhead:
     """Called on the event loop (``activate``, ``observe``, ``arrival``, ``forgotten``); fetches in
     trio's worker threads."""
 
     def __init__(
-        self, index: Index, reader: Reader, kernel: Kernel, budget: int = 512 << 20, max_inflight: int = 16
+        self,
+        index: Index,
+        reader: Reader,
+        kernel: Kernel,
+        budget: int = 512 << 20,
+        max_inflight: int = 16,
+        *,
+        pause_after: float,
     ) -> None:
         self.index = index
         self.reader = reader
         self.kernel = kernel
         self.budget = budget
         self.max_inflight = max_inflight
-        self.stats = PrefetchStats()
+        self.pause_after = pause_after
+        self.stats = ReadAheadStats()
         self.handoff = Handoff()
         self.buffers = BufferPool()
         self.python = PythonLoader(index, reader, kernel, self.handoff, self.buffers, self.stats)
@@ -68,22 +85,27 @@ class Prefetcher:
     @functools.cached_property
     def sentinel_every(self) -> int:
         """One file in this many is a sentinel (``sentinel_spacing``). Worked out when first needed,
-        not at mount start-up: the mean file size of 1.28 M files took 40 ms there."""
+        not at mount start-up: the mean size of millions of files is a pass over a whole column."""
         sizes = self.index.size[self.index.regular_rows()]
         return sentinel_spacing(self.budget, float(sizes.mean()) if sizes.size else 0.0)
 
     def activate(self, reading: Reading) -> None:
         """A published sequence is being read here: follow it.
 
-        Resolving it again keeps the cursor; an epoch that restarts shows itself in the reads.
+        Resolving it again keeps the cursor (an epoch that restarts shows itself in the reads) and
+        resumes a paused sequence: its reader announced itself.
         """
         key = reading.label
-        if key in self._follows:
+        follow = self._follows.get(key)
+        if follow is not None:
+            self._heard(follow)
             return
         if len(self._follows) >= MAX_READINGS:
-            dropped = self._follows.pop(next(iter(self._follows)))
+            paused = (k for k, f in self._follows.items() if f.paused)
+            dropped = self._follows.pop(next(paused, next(iter(self._follows))))
             self.stats.wasted_files += int(dropped.done[dropped.cursor :].sum())
-        self._follows[key] = Follow.start(reading, self.index.size)
+        self._follows[key] = follow = Follow.start(reading, self.index.size)
+        follow.heard = trio.current_time()
         log.info("following %s (%d files)", key, reading.rows.size)
         self._wake.set()
 
@@ -98,8 +120,21 @@ class Prefetcher:
             elif seen.move is Move.RESTARTED:
                 log.debug("read of position %d far behind the cursor: the epoch restarted", follow.cursor)
                 self.stats.restarts += 1
+            if seen.move in READER_MOVES:
+                self._heard(follow)
             self.stats.used_files += seen.passed
         self._wake.set()
+
+    def _heard(self, follow: Follow) -> None:
+        """The reader of ``follow`` is at work: a paused sequence resumes from its cursor."""
+        follow.heard = trio.current_time()
+        if follow.paused:
+            follow.resume()
+            self.stats.resumes += 1
+            log.info(
+                "%s: its reader is back at position %d, reading ahead", follow.reading.label, follow.cursor
+            )
+            self._wake.set()
 
     async def arrival(self, row: int) -> None:
         """Before a READ of ``row`` is served: if a batch in flight is loading the file, wait for it
@@ -111,8 +146,8 @@ class Prefetcher:
 
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries, and with them any pages pushed for them: pushed files
-        still ahead of a reader are fetched again (the batches the kernel does keep are skipped
-        cheaply then)."""
+        still ahead of a reader, within its window, are fetched again (the batches the kernel does
+        keep are skipped cheaply then); those of a paused sequence once it resumes."""
         for follow in self._follows.values():
             lost = follow.forgotten(rows)
             if lost:
@@ -128,16 +163,41 @@ class Prefetcher:
             )
         async with trio.open_nursery() as nursery:
             while True:
-                await self._wake.wait()
+                with trio.move_on_at(self._next_pause()):
+                    await self._wake.wait()
                 self._wake = trio.Event()
+                now = trio.current_time()
                 for follow in list(self._follows.values()):
-                    while self._inflight < self.max_inflight and follow.fetched < follow.total:
-                        positions = next_batch(follow, self.budget, self.sentinel_every, self._neighbours)
-                        if positions is None:
-                            break
-                        follow.mark(positions)
-                        self._inflight += 1
-                        nursery.start_soon(self._fetch, follow, positions)
+                    if follow.paused or not self._fill(follow, nursery):
+                        continue
+                    if now - follow.heard >= self.pause_after:
+                        self._pause(follow, now)
+
+    def _pause(self, follow: Follow, now: float) -> None:
+        follow.paused = True
+        self.stats.pauses += 1
+        log.info("%s: no read for %.0f s, read-ahead paused", follow.reading.label, now - follow.heard)
+
+    def _fill(self, follow: Follow, nursery: trio.Nursery) -> bool:
+        """Start batches of ``follow`` until its window is full (True) or ``max_inflight`` batches
+        are in flight (False)."""
+        while follow.fetched < follow.total:
+            if self._inflight >= self.max_inflight:
+                return False
+            positions = next_batch(follow, self.budget, self.sentinel_every, self._neighbours)
+            if positions is None:
+                break
+            follow.mark(positions)
+            self._inflight += 1
+            nursery.start_soon(self._fetch, follow, positions)
+        return True
+
+    def _next_pause(self) -> float:
+        """When the next sequence still going would pause, if its reader stays away: the loop looks
+        then. One already due but not full yet is looked at when a batch ends."""
+        now = trio.current_time()
+        due = (f.heard + self.pause_after for f in self._follows.values() if not f.paused)
+        return min((when for when in due if when > now), default=math.inf)
 
     async def _fetch(self, follow: Follow, positions: np.ndarray) -> None:
         rows = follow.reading.rows[positions]
@@ -193,5 +253,6 @@ class Prefetcher:
             "budget": self.budget,
             "sentinel_every": self.sentinel_every,
             "inflight": self._inflight,
+            "paused_readings": sum(follow.paused for follow in self._follows.values()),
             "readings": {key: follow.summary() for key, follow in self._follows.items()},
         }

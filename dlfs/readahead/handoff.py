@@ -2,11 +2,11 @@
 the batch and takes the file from it.
 
 Readers that catch up with the read-ahead ask for files it is fetching at that moment, and loading
-them again for the READ doubles the work of a daemon short of CPU exactly then (8 readers, warm
-storage: 2,355 of 20,000 files loaded twice). The READ must not wait for the push, though: the
-kernel keeps the file's pages locked until the READ is answered, so a push of them would wait for
-the READ that waits for it. So a batch hands a waited-for file over as soon as its storage read is
-verified, and does not push it.
+them again for the READ doubles the work of a daemon short of CPU exactly then (with 8 readers on
+warm storage, a good share of the files was loaded twice). The READ must not wait for the push,
+though: the kernel keeps the file's pages locked until the READ is answered, so a push of them
+would wait for the READ that waits for it. So a batch hands a waited-for file over as soon as its
+storage read is verified, and does not push it.
 
 Shared by the event loop (``arrival``, ``expect``, ``finish``) and the fetching threads
 (``hand_over``, ``release``), under one lock.

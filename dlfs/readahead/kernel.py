@@ -1,7 +1,7 @@
 """What the read-ahead needs of the kernel it pushes into, and nothing more.
 
 The engine never talks to FUSE itself: the mount passes it an object with these methods
-(``dlfs.fuse.kernel.FuseKernel``), and tests pass a fake. All but ``pusher`` are called from
+(``dlfs.fuse.fuse_kernel.FuseKernel``), and tests pass a fake. All but ``pusher`` are called from
 fetching threads.
 """
 

@@ -18,7 +18,7 @@ from dlfs.readahead.buffers import BufferPool
 from dlfs.readahead.handoff import Handoff, Loaded
 from dlfs.readahead.kernel import Kernel
 from dlfs.readahead.reads import Span, storage_reads
-from dlfs.readahead.stats import PrefetchStats
+from dlfs.readahead.stats import ReadAheadStats
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class PythonLoader:
         kernel: Kernel,
         handoff: Handoff,
         buffers: BufferPool,
-        stats: PrefetchStats,
+        stats: ReadAheadStats,
     ) -> None:
         self.index = index
         self.reader = reader
@@ -77,8 +77,8 @@ class PythonLoader:
 
         The first read of a batch only takes what is in memory already; when that fails, storage
         is slow (a cold cache, a disk), and the rest of the batch is announced to it at once, so
-        its reads overlap instead of queueing behind one another (cold, 8 readers: +20 % files/s).
-        Announcing them always cost a warm read-ahead 10 %.
+        its reads overlap instead of queueing behind one another. Announcing them always would
+        cost a warm read-ahead, whose reads never wait.
         """
         groups, spans, offsets, ends = storage_reads(self.index, rows, need)
         row_list = rows.tolist()

@@ -1,4 +1,4 @@
-"""The read-ahead's counters, shown under ``prefetch`` in ``.dlfs/stats``."""
+"""The read-ahead's counters, shown under ``readahead`` in ``.dlfs/stats``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass
-class PrefetchStats:
+class ReadAheadStats:
     issued_files: int = 0
     issued_bytes: int = 0
     storage_reads: int = 0
@@ -25,6 +25,8 @@ class PrefetchStats:
     handed_over: int = 0
     cold_batches: int = 0
     native_cpu_seconds: float = 0.0
+    pauses: int = 0
+    resumes: int = 0
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in self.__dict__.items()}

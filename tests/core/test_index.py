@@ -57,10 +57,12 @@ def _walk(tree: dict[bytes, object], prefix: bytes = b"") -> list[tuple[bytes, o
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tree=st.dictionaries(names, trees, max_size=6), order=st.sampled_from(["source", "random"]))
-def test_index_resolves_every_path_and_lists_every_directory(tree: dict[bytes, object], order: str) -> None:
+@given(tree=st.dictionaries(names, trees, max_size=6), placement=st.sampled_from(["source", "random"]))
+def test_index_resolves_every_path_and_lists_every_directory(
+    tree: dict[bytes, object], placement: str
+) -> None:
     with tempfile.TemporaryDirectory() as work:
-        index = _pack_tree(tree, Path(work), order=order, seed=5)
+        index = _pack_tree(tree, Path(work), placement=placement, seed=5)
         assert np.all(np.diff(index.parent.astype(np.int64)[1:]) >= 0), "parent column must never decrease"
         entries = _walk(tree)
         assert index.count == len(entries) + 1
@@ -103,9 +105,9 @@ def test_random_order_is_seeded_and_differs_from_source_order(tmp_path: Path) ->
 
     source = offsets(tmp_path / "a")
     assert source == sorted(source), "source order lays files out in tree order"
-    first = offsets(tmp_path / "b", order="random", seed=11)
-    assert first == offsets(tmp_path / "c", order="random", seed=11)
-    assert first != source and first != offsets(tmp_path / "d", order="random", seed=12)
+    first = offsets(tmp_path / "b", placement="random", seed=11)
+    assert first == offsets(tmp_path / "c", placement="random", seed=11)
+    assert first != source and first != offsets(tmp_path / "d", placement="random", seed=12)
 
 
 def test_encoded_index_round_trips_every_column() -> None:
@@ -125,3 +127,21 @@ def test_a_value_too_wide_for_its_column_is_refused_not_cut_short() -> None:
     arrays["offset"] = np.array([0, 1 << 32, 0], dtype=np.uint64)
     with pytest.raises(ValueError, match="offset: values out of range"):
         fmt.encode_index(arrays, {"dataset_id": "ab" * 16, "shards": []})
+
+
+def test_the_summary_counts_what_pack_wrote(odd_tree: Path, tmp_path: Path) -> None:
+    packed = pack(odd_tree, tmp_path / "ds", PackOptions(progress=False, shard_size=1 << 16, compress=True))
+    summary = Index.load(LocalStore(tmp_path / "ds")).summary()
+    assert summary == {key: getattr(packed, key) for key in summary}
+    assert summary["shards"] > 1 and summary["compressed_files"] > 0
+
+
+def test_a_recursive_listing_gives_each_folder_its_entries_then_its_subfolders(tmp_path: Path) -> None:
+    index = _pack_tree({b"b": {b"y": b"1", b"x": {b"z": b"2"}}, b"a": b"3", b"c": {}}, tmp_path)
+    assert [shown for _, shown in index.listing(fmt.ROOT_ROW)] == [b"a", b"b", b"c"]
+    assert [shown for _, shown in index.listing(fmt.ROOT_ROW, recursive=True)] == [
+        b"a", b"b", b"c", b"b/x", b"b/y", b"b/x/z"
+    ]  # fmt: skip
+    row = index.resolve(b"b/x/z")
+    assert list(index.listing(row, recursive=True)) == [(row, b"b/x/z")]
+    assert [shown for _, shown in index.listing(index.resolve(b"b"))] == [b"x", b"y"]

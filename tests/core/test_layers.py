@@ -88,6 +88,41 @@ def test_the_torch_module_needs_only_the_control_protocol() -> None:
         assert f"'{heavy}'" not in loaded, f"the protocol loads {heavy}"
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """What ``path`` imports when it is loaded: its module-level imports, not those inside functions
+    or under ``if TYPE_CHECKING``."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_cli_imports_what_a_command_calls_only_when_it_runs() -> None:
+    """``dlfs --help`` and ``dlfs umount`` start fast: a command module loads the standard library,
+    the other command modules and the few light modules that define its flags; the layers a
+    command calls are imported inside its ``run``."""
+    light = ("dlfs.cli", "dlfs.logs", "dlfs.__version__", "dlfs.core.errors", "dlfs.core.store.interface")
+    light += ("dlfs.fuse.mount",)
+    heavy = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in sorted((PACKAGE / "cli").glob("*.py"))
+        for name in _top_level_imports(path)
+        if not (name.startswith(light) or name.split(".")[0] in sys.stdlib_module_names | {"__future__"})
+    ]
+    assert heavy == []
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, dlfs.cli; dlfs.cli.build_parser(); print(sorted(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for module in ("trio", "pyfuse3", "torch", "tqdm", "dlfs.pack", "dlfs.bench", "dlfs.core.index"):
+        assert f"'{module}'" not in loaded, f"the CLI loads {module} before a command runs"
+
+
 def _c_define(source: str, name: str) -> int:
     match = re.search(rf"^#define {name} (\d+)$", (PACKAGE / source).read_text(), re.M)
     assert match, f"{source} defines no {name}"

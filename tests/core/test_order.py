@@ -112,7 +112,7 @@ def test_a_uniform_epoch_never_replays_the_random_placement(seed: int) -> None:
 
 
 def test_the_cli_offers_every_registered_mode() -> None:
-    from dlfs.cli import ORDER_MODES
+    from dlfs.cli.mount import ORDER_MODES
     from dlfs.core.order import MODES
 
     assert tuple(MODES) == ORDER_MODES

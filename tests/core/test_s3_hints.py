@@ -87,7 +87,9 @@ def test_a_hint_past_the_budget_is_dropped_until_an_abandoned_one_is_let_go(gets
             return ("a", 2000, 500) in cache.hinted()
 
         assert wait_until(hinted_once_the_others_are_done, 10)
-        assert cache.hinted() == [("a", 2000, 500)] and cache.held == 500
+        # The hint done and unread (0-800) was let go for it; the small one may be done or not yet.
+        hinted = cache.hinted()
+        assert ("a", 0, 800) not in hinted and ("a", 2000, 500) in hinted and cache.held <= 1000
     finally:
         cache.close()
 

@@ -87,7 +87,7 @@ def test_a_scrape_gives_the_counters_of_dlfs_stats(
     assert value(samples, "dlfs_cache_misses_total", tier="ram") == stats["cache"]["misses"]
     assert value(samples, "dlfs_storage_waits_total") == stats["storage"]["waits"]
     assert value(samples, "dlfs_storage_wait_seconds_total") == stats["storage"]["wait_seconds"]
-    assert value(samples, "dlfs_prefetch_pushed_files_total") == stats["prefetch"]["pushed_files"]
+    assert value(samples, "dlfs_readahead_pushed_files_total") == stats["readahead"]["pushed_files"]
     assert value(samples, "process_resident_memory_bytes") > 0  # the daemon's, beside its counters
     if native_threads == "0":
         assert sum(python) >= 50 and stats["storage"]["waits"] > 0  # empty files need no READ
@@ -114,12 +114,12 @@ def test_latencies_become_cumulative_log2_buckets_in_seconds() -> None:
 
 
 def test_a_snapshot_without_native_threads_read_ahead_or_object_store_still_exports() -> None:
-    """``--native-threads 0 --prefetch-budget 0`` on a directory: their sections are null."""
+    """``--native-threads 0 --readahead-budget 0`` on a directory: their sections are null."""
     stats = {"requests": {"lookup": 3}, "read_latency_us_log2": [1] + [0] * 31, "read_seconds": 1e-6}
-    stats |= {"cache": {"hits": 1}, "storage": {}, "native": None, "prefetch": None, "store": None}
+    stats |= {"cache": {"hits": 1}, "storage": {}, "native": None, "readahead": None, "store": None}
     names = {family.name for family in StatsCollector(lambda: stats).collect()}
     assert {"dlfs_requests", "dlfs_read_latency_seconds", "dlfs_cache_hits"} <= names
-    assert not any(name.startswith(("dlfs_prefetch", "dlfs_native", "dlfs_store")) for name in names)
+    assert not any(name.startswith(("dlfs_readahead", "dlfs_native", "dlfs_store")) for name in names)
 
 
 def test_a_taken_metrics_port_fails_the_mount_and_leaves_nothing_mounted(

@@ -164,13 +164,13 @@ def test_large_file_over_the_whole_payload_limit_reads_back_by_range(tmp_path: P
     assert dlfs("verify", dst).returncode == 0
 
 
-def test_random_order_and_lz4_serve_identical_bytes(odd_tree: Path, tmp_path: Path, mount) -> None:
+def test_random_placement_and_lz4_serve_identical_bytes(odd_tree: Path, tmp_path: Path, mount) -> None:
     dst = tmp_path / "random-lz4"
     dlfs(
         "pack",
         odd_tree,
         dst,
-        "--order",
+        "--placement",
         "random",
         "--seed",
         "3",

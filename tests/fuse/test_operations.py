@@ -22,7 +22,7 @@ from dlfs.fuse import dirents
 from dlfs.fuse import operations as fs
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.operations import DlfsOperations
-from dlfs.fuse.reads import TrioReader
+from dlfs.fuse.trio_reader import TrioReader
 from dlfs.pack import PackOptions, pack
 
 

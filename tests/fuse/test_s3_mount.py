@@ -110,7 +110,7 @@ def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(
     url = f"{s3}/tier-epoch"
     pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
     cache = request.getfixturevalue(filesystem) / "cache"
-    flags = ("--cache-dir", str(cache), "--order", "block", "--prefetch-budget", "4M")
+    flags = ("--cache-dir", str(cache), "--order", "block", "--readahead-budget", "4M")
     for _ in range(2):
         with mount(url, *flags) as mnt:
             before = _stats(mnt)["store"]  # the index's header and meta
@@ -119,7 +119,8 @@ def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(
                 assert (mnt / path).read_bytes() == (src / path).read_bytes()
             after = _stats(mnt)
     assert after["store"] == before
-    assert after["prefetch"]["native_cpu_seconds"] > 0 and after["prefetch"]["pushed_files"] > len(paths) // 2
+    readahead = after["readahead"]
+    assert readahead["native_cpu_seconds"] > 0 and readahead["pushed_files"] > len(paths) // 2
 
 
 def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
@@ -129,7 +130,7 @@ def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
     cache = tmp_path / "cache"
     budget = 2 * BLOCK
     with mount(
-        url, "--cache-dir", str(cache), "--cache-dir-size", str(budget), "--prefetch-budget", "0"
+        url, "--cache-dir", str(cache), "--cache-dir-size", str(budget), "--readahead-budget", "0"
     ) as mnt:
         _same_tree(src, mnt)
         tier = _stats(mnt)["disk_cache"]
@@ -142,7 +143,7 @@ def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Pa
     src = _classes(tmp_path / "src", classes=2, per_class=60)
     url = f"{s3}/damaged"
     pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
-    flags = ("--cache-dir", str(tmp_path / "cache"), "--prefetch-budget", "0", "--cache-size", "0")
+    flags = ("--cache-dir", str(tmp_path / "cache"), "--readahead-budget", "0", "--cache-size", "0")
     with mount(url, *flags) as mnt:
         _same_tree(src, mnt)
     blocks = _cached_blocks(tmp_path / "cache")
@@ -167,7 +168,7 @@ def test_two_nodes_each_fetch_about_half_of_the_shards(tmp_path: Path, s3: str, 
     url = f"{s3}/nodes"
     pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
     total = sum(path.stat().st_size for path in src.rglob("*.JPEG"))
-    flags = ("--order", "block", "--block", "32", "--window", "64", "--prefetch-budget", "8M")
+    flags = ("--order", "block", "--block", "32", "--window", "64", "--readahead-budget", "8M")
     fetched = []
     with mount(url, *flags) as node0, mount(url, *flags) as node1:
         for rank, mnt in enumerate((node0, node1)):
@@ -195,7 +196,7 @@ def test_a_store_that_goes_away_gives_eio_in_bounded_time_and_reads_resume_when_
     src = _classes(tmp_path / "src", classes=2, per_class=20)
     pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
     files = sorted(src.rglob("*.JPEG"))
-    with mount(url, "--store-timeout", "3", "--prefetch-budget", "0", "--cache-size", "0") as mnt:
+    with mount(url, "--store-timeout", "3", "--readahead-budget", "0", "--cache-size", "0") as mnt:
         assert (mnt / files[0].relative_to(src)).read_bytes() == files[0].read_bytes()
         own_server.stop()
         started = time.monotonic()
@@ -281,7 +282,7 @@ def test_a_store_that_accepts_but_never_answers_gives_eio_after_the_timeout_in_b
     (tmp_path / "expected.json").write_text(json.dumps(expected))
     timeout = 2.0
     flags = ("--endpoint-url", silent_proxy.endpoint, "--store-timeout", str(timeout), "--cache-size", "0")
-    with mount(url, *flags, "--prefetch-budget", "0") as mnt:
+    with mount(url, *flags, "--readahead-budget", "0") as mnt:
         pid = _daemon_of(mnt)
         first = next(iter(expected))
         assert (mnt / first).read_bytes() == (src / first).read_bytes()

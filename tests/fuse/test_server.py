@@ -14,7 +14,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -122,7 +121,7 @@ def test_c_and_python_answer_alike(odd_tree: Path, packed: Path, mount) -> None:
 
     # No read-ahead: after a full scan it relists every folder with attributes in the background,
     # and each entry the kernel learns that way is one LOOKUP fewer, as many as the race allows.
-    quiet = ("--prefetch-budget", "0")
+    quiet = ("--readahead-budget", "0")
     with mount(packed, "--native-threads", "0", *quiet) as mnt:
         by_python = observe(mnt)
         assert native_stats(mnt) is None
@@ -201,7 +200,7 @@ def test_after_an_order_is_announced_reads_reach_the_read_ahead(odd_tree: Path, 
         for line in order[:40]:
             assert (mnt / os.fsdecode(line)).read_bytes() == (odd_tree / os.fsdecode(line)).read_bytes()
         stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
-    assert stats["prefetch"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
+    assert stats["readahead"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
 
 
 @pytest.mark.parametrize("stop", ["umount", "sigterm"])
@@ -213,22 +212,26 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     pid = mount_pid(dlfs("mount", packed, mnt, "--log-file", tmp_path / "mount.log"))
-    reader = (
+    reader = (  # the tree's files, read over and over; says so (argv[2]) once it has read them all once
         "import os, sys\n"
-        "paths = [os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns]\n"
-        "while True:\n"
+        "found = (os.path.join(d, n) for d, _, ns in os.walk(sys.argv[1]) for n in ns)\n"
+        "paths = [p for p in found if os.path.isfile(p)]\n"
+        "for k in range(1 << 62):\n"
+        "    if k == 1:\n"
+        "        open(sys.argv[2], 'w').close()\n"
         "    for p in paths:\n"
         "        try:\n"
         "            open(p, 'rb').read()\n"
         "        except OSError:\n"
         "            sys.exit(0)\n"
     )
-    readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt)]) for _ in range(6)]
+    reading = [tmp_path / f"reading-{k}" for k in range(6)]
+    readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt), str(path)]) for path in reading]
     try:
-        time.sleep(1.0)
+        assert wait_until(lambda: all(path.exists() for path in reading), 30), "a reader never got going"
         assert native_stats(mnt)["answered"]["read"] > 0
         if stop == "umount":
-            dlfs("umount", mnt, timeout=30)
+            dlfs("umount", "--lazy", mnt, timeout=30)  # they hold it busy: only a lazy one goes
         else:
             os.kill(pid, signal.SIGTERM)
         assert wait_until(lambda: all(r.poll() is not None for r in readers), 20), "a reader hangs"

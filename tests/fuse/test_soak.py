@@ -174,12 +174,12 @@ def _stats(mnt: Path) -> dict:
 def _quiet(mnt: Path) -> bool:
     """Nothing in flight: no batch fetching, no folder being listed."""
     stats = _stats(mnt)
-    return stats["listing_folders"] == 0 and not (stats["prefetch"] or {}).get("inflight")
+    return stats["listing_folders"] == 0 and not (stats["readahead"] or {}).get("inflight")
 
 
 @pytest.fixture
 def soak_mount(soak_dataset: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    flags = ("--cache-size", str(CACHE_SIZE), "--prefetch-budget", str(PREFETCH_BUDGET))
+    flags = ("--cache-size", str(CACHE_SIZE), "--readahead-budget", str(PREFETCH_BUDGET))
     with mounted(soak_dataset[0], tmp_path / "mnt", *flags) as mnt:
         yield mnt, _daemon_of(mnt)
 

@@ -46,7 +46,7 @@ def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
             (root / "src" / relative).parent.mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (16, 16), _colour(sample_id)).save(root / "src" / relative, quality=95)
             ids[relative] = sample_id
-    dlfs("pack", root / "src", root / "dataset", "--order", "random", "--seed", "1")
+    dlfs("pack", root / "src", root / "dataset", "--placement", "random", "--seed", "1")
     return root / "dataset", ids
 
 
@@ -166,7 +166,7 @@ def test_every_rank_gets_an_equal_share_of_a_dataset_rooted_beside_another(
                     assert len(set(combined)) == len(combined) == per_rank * world
                 else:
                     assert set(combined) == set(range(size))
-                readings = _stats(mnt)["prefetch"]["readings"]
+                readings = _stats(mnt)["readahead"]["readings"]
                 for sampler, share in zip(samplers, shares, strict=True):
                     published = sampler.order_path().read_text().splitlines()
                     assert [dataset.samples[k][0] for k in share] == [str(mnt / line) for line in published]

@@ -262,14 +262,14 @@ mnt = Path(sys.argv[1])
 for path in mnt.rglob("*"):
     path.stat()  # the kernel must know an inode before pages can be pushed to it
 paths = parse_order((mnt / ".dlfs" / "order" / "epoch-0.rank-0-of-1").read_bytes())
-def prefetch():
-    return json.loads((mnt / ".dlfs" / "stats").read_text())["prefetch"]
+def readahead():
+    return json.loads((mnt / ".dlfs" / "stats").read_text())["readahead"]
 deadline = time.monotonic() + 30
-while prefetch()["readings"]["epoch-0.rank-0-of-1"]["fetched"] < len(paths) and time.monotonic() < deadline:
+while readahead()["readings"]["epoch-0.rank-0-of-1"]["fetched"] < len(paths) and time.monotonic() < deadline:
     time.sleep(0.05)
 for path in paths:
     (mnt / path).read_bytes()
-print(prefetch()["pushed_files"], len(paths))
+print(readahead()["pushed_files"], len(paths))
 """
 
 

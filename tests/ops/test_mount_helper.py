@@ -61,8 +61,8 @@ def mounted_by_mount8(mnt: Path, *mount_args: str, cwd: Path | None = None) -> I
 
 
 def test_options_map_onto_dlfs_mount_flags() -> None:
-    flags = to_flags("rw,allow_other,seed=1,order=block,prefetch_budget=1G,nofail,_netdev,x-systemd.after=a")
-    assert flags == ["--allow-other", "--seed", "1", "--order", "block", "--prefetch-budget", "1G"]
+    flags = to_flags("rw,allow_other,seed=1,order=block,readahead_budget=1G,nofail,_netdev,x-systemd.after=a")
+    assert flags == ["--allow-other", "--seed", "1", "--order", "block", "--readahead-budget", "1G"]
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_options_map_onto_dlfs_mount_flags() -> None:
         ("allow_other=1", ["'allow_other' takes no value"]),
         ("foreground", ["unknown option 'foreground'"]),
         ("seed=abc", ["seed='abc'", "needs a whole number"]),
-        ("prefetch_budget=lots", ["prefetch_budget='lots'", "not a size"]),
+        ("readahead_budget=lots", ["readahead_budget='lots'", "not a size"]),
         ("order=shuffled", ["order='shuffled'", "choose one of full, block"]),
     ],
 )
@@ -108,7 +108,7 @@ def test_mount_t_fuse_dlfs_mounts_with_options_and_umount_ends_it(
 ) -> None:
     mnt = tmp_path / "mnt"
     log = tmp_path / "daemon.log"
-    options = f"allow_other,seed=7,order=block,block=16,prefetch_budget=64M,log_file={log}"
+    options = f"allow_other,seed=7,order=block,block=16,readahead_budget=64M,log_file={log}"
     with mounted_by_mount8(mnt, "-t", "fuse.dlfs", str(packed), str(mnt), "-o", options) as pid:
         assert mounted_fstype(mnt) == "fuse.dlfs"
         config = json.loads((mnt / ".dlfs" / "config").read_bytes())

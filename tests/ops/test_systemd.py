@@ -63,7 +63,7 @@ def test_the_units_commands_mount_say_ready_once_live_and_unmount(
     assert _setting(text, "Type") == "notify"
     mnt = tmp_path / "data" / "imagenet"  # ExecStartPre creates it
     conf = tmp_path / "imagenet.conf"
-    conf.write_text(f"DATASET={packed}\nMOUNTPOINT={mnt}\nOPTIONS=--seed 5 --prefetch-budget 32M\n")
+    conf.write_text(f"DATASET={packed}\nMOUNTPOINT={mnt}\nOPTIONS=--seed 5 --readahead-budget 32M\n")
     assert _setting(text, "EnvironmentFile") == "/etc/dlfs/%i.conf"
     env = _read_conf(conf)
     subprocess.run(_command(_setting(text, "ExecStartPre"), env, "imagenet"), check=True, timeout=30)

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import os
+import signal
 import stat
 import struct
 import subprocess
@@ -15,9 +16,26 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SMALL_SHARD, TOOLS, assert_one_line_error, dlfs, make_odd_tree, mounted, set_times, tool
+from conftest import (
+    SMALL_SHARD,
+    TOOLS,
+    assert_one_line_error,
+    dlfs,
+    make_odd_tree,
+    mounted,
+    set_times,
+    tmpfs,
+    tool,
+    wait_until,
+)
 
 from dlfs.core import format as fmt
+from dlfs.core.cache import PayloadCache
+from dlfs.core.errors import PackError
+from dlfs.core.index import Index
+from dlfs.core.reader import Reader
+from dlfs.core.store import LocalStore
+from dlfs.pack import PackOptions, pack
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.streams import Source
 from dlfs.pack.archive.tar import tar_members
@@ -470,4 +488,67 @@ def test_pax_mtimes_are_kept_to_the_nanosecond() -> None:
 def test_random_placement_of_an_archive_is_refused(tmp_path: Path) -> None:
     """An archive is read once, in its own order: its members cannot be laid out at random."""
     archive = write_tar(tmp_path / "a.tar", [("a", b"a")])
-    assert_refused(tmp_path, archive, "--order random needs a directory tree", flags=("--order", "random"))
+    assert_refused(
+        tmp_path, archive, "--placement random needs a directory tree", flags=("--placement", "random")
+    )
+
+
+def test_a_pack_from_standard_input_interrupted_while_it_waits_for_bytes_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the stream stalls (a download that hangs): the pack stops at once, its shards
+    removed, though the thread reading standard input is still waiting in a read."""
+    whole = tar_bytes([(f"f{k:04d}", os.urandom(2000)) for k in range(1200)])  # half: past the window
+    dst = tmp_path / "dst"
+    proc = subprocess.Popen(
+        [*DLFS_PACK, "-", dst, "--shard-size", "256K"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    try:
+        proc.stdin.write(whole[: len(whole) // 2])
+        proc.stdin.flush()
+        assert wait_until(lambda: len(list(dst.glob("*.shard"))) > 0, 60)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    assert proc.returncode == 130
+    assert "Traceback" not in proc.stderr.read().decode()
+    assert list(dst.iterdir()) == []
+
+
+def test_a_member_past_the_whole_payload_limit_is_streamed_into_its_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members larger than ``fmt.WHOLE_PAYLOAD_LIMIT`` go to their shard chunk by chunk; cut short,
+    they are refused like any other."""
+    monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 64 << 10)
+    big = os.urandom(300_000)
+    raw = tar_bytes([("small", b"s"), ("big.bin", big), ("after", b"a")])
+    archive = tmp_path / "big.tar"
+    archive.write_bytes(raw)
+    pack(archive, tmp_path / "dst", PackOptions(progress=False))
+    store = LocalStore(tmp_path / "dst")
+    try:
+        index = Index.load(store)
+        reader = Reader(index, store, PayloadCache(1 << 20))
+        assert bytes(reader.load(index.resolve(b"big.bin"))) == big
+        assert bytes(reader.load(index.resolve(b"after"))) == b"a"
+    finally:
+        store.close()
+    archive.write_bytes(raw[:200_000])
+    with pytest.raises(PackError, match="cut short"):
+        pack(archive, tmp_path / "dst2", PackOptions(progress=False))
+
+
+def test_a_full_destination_is_reported_as_such_not_as_a_damaged_archive(tmp_path: Path) -> None:
+    archive = write_tar(tmp_path / "a.tar", [(f"f{k}", os.urandom(500_000)) for k in range(6)])
+    with tmpfs(tmp_path / "small", "1m") as small:
+        result = dlfs("pack", archive, small / "dst", check=False)
+        assert_one_line_error(result, "free space")
+        assert "damaged" not in result.stderr
+        assert not (small / "dst" / fmt.INDEX_NAME).exists()

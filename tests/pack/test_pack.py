@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import DLFS, assert_one_line_error, dlfs, tmpfs, wait_until
 
+from dlfs.cli.common import human
 from dlfs.core import format as fmt
 from dlfs.core import libc
 from dlfs.core.errors import PackError
@@ -83,7 +85,7 @@ def _big_tree(src: Path, files: int = 3000, size: int = 256 * 1024) -> Path:
 def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_path: Path) -> None:
     src = _big_tree(tmp_path / "src")
     dst = tmp_path / "dst"
-    proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--jobs", "1"])
+    proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--readers", "1"])
     try:
         assert wait_until(lambda: dst.exists() and any(dst.glob("*.shard")), 60)
         proc.send_signal(signal.SIGKILL)
@@ -105,7 +107,7 @@ def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed:
     # As from a terminal: a shell that starts a job in the background (`make test &`) has it
     # ignore SIGINT, and Python then never turns one into KeyboardInterrupt.
     proc = subprocess.Popen(
-        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--jobs", "1"],
+        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--readers", "1"],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
@@ -303,3 +305,30 @@ def test_global_flags_are_taken_before_and_after_the_command(odd_tree: Path, tmp
     assert "pack:" not in quiet.stderr and "packed" in quiet.stdout
     assert "pack:" not in run("-q", "pack", odd_tree, tmp_path / "before").stderr
     assert "dataset_id:" in run("info", tmp_path / "quiet", "-v").stdout  # "unrecognized arguments" once
+
+
+def test_the_summary_gives_the_shard_size_and_what_the_shards_hold_in_all(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(40):
+        (src / f"{k:02d}.bin").write_bytes(os.urandom(100_000))
+    said = dlfs("pack", src, tmp_path / "ds", "--shard-size", "1Mi").stdout
+    info = json.loads(dlfs("info", tmp_path / "ds", "--json").stdout)
+    assert info["shards"] > 1
+    assert f"into {info['shards']} shard(s) of 1.0 MiB, {human(info['stored_bytes'])} in all" in said, said
+
+
+def test_the_progress_bar_ends_at_the_files_the_summary_counts(tmp_path: Path) -> None:
+    """More files than the bar's refresh step and not a multiple of it: its last figure is the
+    summary's, not the count at its last step."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = packer.PROGRESS_EVERY + 44
+    for k in range(files):
+        (src / f"{k:04d}.txt").write_bytes(b"x" * k)
+    result = subprocess.run(
+        [*DLFS, "pack", src, tmp_path / "ds"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert f"packed {files} files" in result.stdout
+    counts = re.findall(r"([\d,]+) files, [\d,]+ files/s", result.stderr)
+    assert counts and counts[-1] == f"{files:,}", result.stderr

@@ -67,12 +67,12 @@ def _index_sections(dst: Path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("order", "compress"),
+    ("placement", "compress"),
     [("source", False), ("random", False), ("source", True)],
     ids=["in-place", "random", "lz4"],
 )
 def test_chunk_sizes_never_change_the_index(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: str, compress: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placement: str, compress: bool
 ) -> None:
     """Every buffer and chunk at a few rows or bytes (every gather and scatter in batches), so each
     boundary falls inside a folder, a run of files, a name or a value: the index is the one the
@@ -90,7 +90,7 @@ def test_chunk_sizes_never_change_the_index(
 
     monkeypatch.setattr(packer, "walk", walk_then_delete)
     options = PackOptions(
-        progress=False, shard_size=1 << 16, order=order, seed=3, compress=compress, skip_errors=True
+        progress=False, shard_size=1 << 16, placement=placement, seed=3, compress=compress, skip_errors=True
     )
     contents = [path.read_bytes() for path in vanish]
     times = {path: path.stat().st_mtime_ns for path in [*vanish, *(path.parent for path in vanish)]}

@@ -33,7 +33,7 @@ def test_the_cursor_is_the_furthest_position_read() -> None:
     assert follow.ahead == 80 * SIZE
     assert follow.read(_row(50), BUDGET, EVERY) == (Move.ADVANCED, 50)
     assert follow.cursor == 50 and follow.ahead == 30 * SIZE, "what the reader passed leaves the budget"
-    assert follow.read(_row(40), BUDGET, EVERY).move is Move.NONE, "a slower worker"
+    assert follow.read(_row(40), BUDGET, EVERY).move is Move.BEHIND, "a slower worker"
     assert follow.read(_row(60), BUDGET, EVERY) == (Move.ADVANCED, 10)
     assert (follow.cursor, follow.fetched) == (60, 80)
 
@@ -56,10 +56,10 @@ def test_a_read_of_the_first_sentinels_a_window_behind_restarts_the_epoch() -> N
 def test_a_slow_worker_near_the_start_is_no_restart() -> None:
     follow = _follow(fetched=150)
     follow.read(_row(90), BUDGET, EVERY)  # less than a window (100 files) past position 0
-    assert follow.read(_row(0), BUDGET, EVERY).move is Move.NONE
+    assert follow.read(_row(0), BUDGET, EVERY).move is Move.BEHIND
     assert follow.cursor == 90
     follow.read(_row(140), BUDGET, EVERY)
-    assert follow.read(_row(7), BUDGET, EVERY).move is Move.NONE, "not a sentinel: a slower worker"
+    assert follow.read(_row(7), BUDGET, EVERY).move is Move.NONE, "not its reader's"
 
 
 def test_a_read_more_than_a_window_past_what_was_fetched_is_a_skip() -> None:
@@ -69,6 +69,16 @@ def test_a_read_more_than_a_window_past_what_was_fetched_is_a_skip() -> None:
     follow = _follow(fetched=50)
     assert follow.read(_row(151), BUDGET, EVERY) == (Move.SKIPPED, 151)
     assert (follow.cursor, follow.fetched, follow.ahead) == (151, 151, 0)
+
+
+def test_a_paused_sequence_takes_no_skip() -> None:
+    """A read far ahead of a paused sequence is another reader's file: nothing moves. Its own
+    reader, back where it stopped, is seen as such."""
+    follow = _follow(fetched=50)
+    follow.paused = True
+    assert follow.read(_row(151), BUDGET, EVERY).move is Move.NONE
+    assert (follow.cursor, follow.fetched, follow.ahead) == (0, 50, 50 * SIZE)
+    assert follow.read(_row(30), BUDGET, EVERY) == (Move.ADVANCED, 30)
 
 
 def test_files_the_kernel_forgot_ahead_of_the_reader_are_fetched_again() -> None:
@@ -92,4 +102,5 @@ def test_marking_moves_fetched_past_every_fetched_position() -> None:
         "fetched": 6,
         "lead_files": 6,
         "lead_bytes": 6000,
+        "paused": False,
     }

@@ -20,11 +20,13 @@ from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
 from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
+from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
-from dlfs.readahead.engine import Prefetcher
+from dlfs.readahead.engine import ReadAhead
 from dlfs.readahead.native import NativePusher
 
 SIZE = 20_000
+PAUSE_AFTER = MountOptions.readahead_pause
 
 
 class FakeKernel:
@@ -61,74 +63,74 @@ def _packed(root: Path, files: int = 100, size: int = SIZE, shard_size: int = 1 
         path = root / "src" / f"class-{k % 2}" / f"{k:05d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size + k))
-    pack(root / "src", root / "ds", PackOptions(shard_size=shard_size, jobs=1, progress=False, sync=False))
+    pack(root / "src", root / "ds", PackOptions(shard_size=shard_size, readers=1, progress=False, sync=False))
     return root / "src", root / "ds"
 
 
-def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[Index, Reader, Prefetcher]:
+def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[Index, Reader, ReadAhead]:
     store = LocalStore(dataset, random_access=True)
     index = Index.load(store)
     reader = Reader(index, store, PayloadCache(16 << 20))
-    return index, reader, Prefetcher(index, reader, kernel, budget=budget)
+    return index, reader, ReadAhead(index, reader, kernel, budget=budget, pause_after=PAUSE_AFTER)
 
 
-def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, Prefetcher, np.ndarray]:
+def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, ReadAhead, np.ndarray]:
     """A fake kernel, an engine over ``files`` packed files, and the rows in storage order."""
     _, ds = _packed(tmp_path, files=files)
     kernel = FakeKernel()
-    index, _, prefetcher = _engine(ds, kernel, budget=budget)
-    return kernel, prefetcher, index.file_rows()
+    index, _, readahead = _engine(ds, kernel, budget=budget)
+    return kernel, readahead, index.file_rows()
 
 
 def _reading(rows: np.ndarray, epoch: int = 0) -> Reading:
     return Reading(epoch=epoch, world_size=1, rank=0, rows=rows)
 
 
-async def _settle(prefetcher: Prefetcher, until: Callable[[], bool] = lambda: True) -> None:
+async def _settle(readahead: ReadAhead, until: Callable[[], bool] = lambda: True) -> None:
     """Let the engine work until ``until()`` holds and no batch is in flight. Virtual time (the
     MockClock) jumps over the sleeps; the real time the fetching threads take is bounded."""
     deadline = time.monotonic() + 20
     while True:
         await trio.testing.wait_all_tasks_blocked()  # batches due have started
-        if until() and prefetcher.snapshot()["inflight"] == 0:
+        if until() and readahead.snapshot()["inflight"] == 0:
             return
-        assert time.monotonic() < deadline, prefetcher.snapshot()
+        assert time.monotonic() < deadline, readahead.snapshot()
         await trio.sleep(0.01)
 
 
-def _run(test: Callable[[Prefetcher], object], prefetcher: Prefetcher) -> None:
+def _run(test: Callable[[ReadAhead], object], readahead: ReadAhead) -> None:
     """Run ``test`` (async) next to the engine, on a MockClock that jumps whenever all is idle."""
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(prefetcher.run)
-            await test(prefetcher)  # type: ignore[misc]
+            nursery.start_soon(readahead.run)
+            await test(readahead)  # type: ignore[misc]
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.001))
 
 
-def _lead(prefetcher: Prefetcher) -> dict[str, int]:
-    return prefetcher.snapshot()["readings"]["epoch-0.rank-0-of-1"]  # type: ignore[index]
+def _lead(readahead: ReadAhead) -> dict[str, int]:
+    return readahead.snapshot()["readings"]["epoch-0.rank-0-of-1"]  # type: ignore[index]
 
 
 def test_an_epoch_is_pushed_but_for_its_sentinels_which_the_daemon_holds(tmp_path: Path) -> None:
     src, ds = _packed(tmp_path)
     kernel = FakeKernel()
-    index, reader, prefetcher = _engine(ds, kernel)
+    index, reader, readahead = _engine(ds, kernel)
     rows = index.file_rows()[::-1].copy()
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher, lambda: _lead(prefetcher)["fetched"] == rows.size)
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead, lambda: _lead(readahead)["fetched"] == rows.size)
 
-    _run(test, prefetcher)
-    sentinels = set(rows[:: prefetcher.sentinel_every].tolist())
+    _run(test, readahead)
+    sentinels = set(rows[:: readahead.sentinel_every].tolist())
     assert set(kernel.pushed) == set(rows.tolist()) - sentinels
     for row in rows.tolist():
         data = kernel.pushed.get(row) or reader.cache.get(row)
         assert data == (src / index.path(row).decode()).read_bytes()
-    assert prefetcher.stats.held_files == len(sentinels)
+    assert readahead.stats.held_files == len(sentinels)
     assert set(kernel.revealed) == set(rows.tolist()), "every batch had the kernel learn its files"
 
 
@@ -136,62 +138,62 @@ def test_the_read_ahead_never_holds_more_than_its_budget_ahead_of_the_reader(tmp
     _, ds = _packed(tmp_path, files=200)
     budget = 10 * SIZE
     peaks: list[int] = []
-    engine: list[Prefetcher] = []
+    engine: list[ReadAhead] = []
 
     def watch(row: int, data: bytes | memoryview) -> None:
         peaks.append(_lead(engine[0])["lead_bytes"])
 
-    index, _, prefetcher = _engine(ds, FakeKernel(watch), budget=budget)
-    engine.append(prefetcher)
+    index, _, readahead = _engine(ds, FakeKernel(watch), budget=budget)
+    engine.append(readahead)
     rows = index.file_rows()
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher)
-        assert _lead(prefetcher)["fetched"] < 12, "stopped at the budget"
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead)
+        assert _lead(readahead)["fetched"] < 12, "stopped at the budget"
         for position in range(0, rows.size, 5):  # the reader moves on; the window follows
-            prefetcher.observe(int(rows[position]))
-            await _settle(prefetcher)
-            lead = _lead(prefetcher)
+            readahead.observe(int(rows[position]))
+            await _settle(readahead)
+            lead = _lead(readahead)
             assert lead["lead_bytes"] <= budget + SIZE + 200, lead
             assert lead["fetched"] <= position + 12, lead
-        assert _lead(prefetcher)["fetched"] == rows.size
+        assert _lead(readahead)["fetched"] == rows.size
 
-    _run(test, prefetcher)
+    _run(test, readahead)
     assert peaks and max(peaks) <= budget + SIZE + 200, "at most one file beyond the budget"
 
 
 def test_a_restarted_epoch_is_fetched_again_from_its_start(tmp_path: Path) -> None:
-    kernel, prefetcher, rows = _following(tmp_path, 100, budget=40 * SIZE)
+    kernel, readahead, rows = _following(tmp_path, 100, budget=40 * SIZE)
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher)
-        prefetcher.observe(int(rows[-1]))  # the reader got to the end
-        await _settle(prefetcher, lambda: _lead(prefetcher)["fetched"] == rows.size)
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead)
+        readahead.observe(int(rows[-1]))  # the reader got to the end
+        await _settle(readahead, lambda: _lead(readahead)["fetched"] == rows.size)
         kernel.pushed.clear()
-        prefetcher.observe(int(rows[0]))  # and starts over: position 0 is a sentinel
-        assert prefetcher.stats.restarts == 1 and _lead(prefetcher)["cursor"] == 0
-        await _settle(prefetcher)
+        readahead.observe(int(rows[0]))  # and starts over: position 0 is a sentinel
+        assert readahead.stats.restarts == 1 and _lead(readahead)["cursor"] == 0
+        await _settle(readahead)
 
-    _run(test, prefetcher)
-    fetched = _lead(prefetcher)["fetched"]
+    _run(test, readahead)
+    fetched = _lead(readahead)["fetched"]
     assert 30 <= fetched < 45, "the budget's worth from the start again"
-    again = [row for k, row in enumerate(rows[:fetched].tolist()) if k % prefetcher.sentinel_every]
+    again = [row for k, row in enumerate(rows[:fetched].tolist()) if k % readahead.sentinel_every]
     assert sorted(kernel.pushed) == sorted(again)
 
 
 def test_a_reader_that_jumps_ahead_is_followed_from_there(tmp_path: Path) -> None:
-    kernel, prefetcher, rows = _following(tmp_path, 200, budget=10 * SIZE)
+    kernel, readahead, rows = _following(tmp_path, 200, budget=10 * SIZE)
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher)
-        prefetcher.observe(int(rows[150]))
-        await _settle(prefetcher)
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead)
+        readahead.observe(int(rows[150]))
+        await _settle(readahead)
 
-    _run(test, prefetcher)
-    assert prefetcher.stats.misses_ahead == 1
+    _run(test, readahead)
+    assert readahead.stats.misses_ahead == 1
     positions = np.flatnonzero(np.isin(rows, list(kernel.pushed)))
     skipped = positions[(positions > 12) & (positions < 150)]
     assert skipped.size == 0 and positions.max() > 155, positions
@@ -202,24 +204,72 @@ def test_files_the_kernel_holds_or_refuses(tmp_path: Path) -> None:
     sentinels are); a file the kernel refuses waits in the daemon's cache for its READ."""
     src, ds = _packed(tmp_path)
     kernel = FakeKernel()
-    index, reader, prefetcher = _engine(ds, kernel)
+    index, reader, readahead = _engine(ds, kernel)
     rows = index.file_rows()
     kernel.cached.update(rows.tolist())
     refused = int(rows[1])
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher, lambda: _lead(prefetcher)["fetched"] == rows.size)
-        assert kernel.pushed == {} and prefetcher.stats.already_cached > 0
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead, lambda: _lead(readahead)["fetched"] == rows.size)
+        assert kernel.pushed == {} and readahead.stats.already_cached > 0
         kernel.cached.clear()
         kernel.refused.add(refused)
-        prefetcher.forgotten(rows)  # the kernel dropped everything: fetched again
-        await _settle(prefetcher, lambda: _lead(prefetcher)["fetched"] == rows.size)
+        readahead.forgotten(rows)  # the kernel dropped everything: fetched again
+        await _settle(readahead, lambda: _lead(readahead)["fetched"] == rows.size)
 
-    _run(test, prefetcher)
-    assert prefetcher.stats.forgotten_ahead == rows.size
-    assert prefetcher.stats.push_refused == 1 and refused not in kernel.pushed
+    _run(test, readahead)
+    assert readahead.stats.forgotten_ahead == rows.size
+    assert readahead.stats.push_refused == 1 and refused not in kernel.pushed
     assert reader.cache.get(refused) == (src / index.path(refused).decode()).read_bytes()
+
+
+def test_the_read_ahead_of_a_reader_gone_quiet_pauses_and_resumes_where_it_reads(tmp_path: Path) -> None:
+    """A job that stopped mid-epoch: its window full and its reader unseen for ``PAUSE_AFTER``
+    seconds, the read-ahead pauses, and the kernel forgetting the window again and again fetches
+    nothing. The reader's next read resumes it there: the files it lost ahead of that read, within
+    the window, are fetched again, and none behind."""
+    kernel, readahead, rows = _following(tmp_path, 200, budget=40 * SIZE)
+
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        readahead.observe(int(rows[20]))
+        await _settle(readahead)
+        issued = readahead.stats.issued_files
+        await trio.sleep(PAUSE_AFTER)
+        for _ in range(10):  # evictions: the kernel forgets every entry
+            readahead.forgotten(rows)
+            await _settle(readahead)
+            assert readahead.stats.issued_files == issued, "fetched again for a reader that is gone"
+        snapshot = readahead.snapshot()
+        assert _lead(readahead)["paused"] and snapshot["paused_readings"] == 1, snapshot
+        kernel.pushed.clear()
+        readahead.observe(int(rows[30]))  # the reader is back, and the kernel lacks the file
+        await _settle(readahead)
+        assert not _lead(readahead)["paused"] and readahead.stats.resumes == 1
+
+    _run(test, readahead)
+    positions = np.flatnonzero(np.isin(rows, list(kernel.pushed)))
+    assert positions.min() == 30 and positions.max() < 30 + 42, positions
+
+
+def test_resolving_the_order_again_resumes_a_paused_read_ahead(tmp_path: Path) -> None:
+    kernel, readahead, rows = _following(tmp_path, 200, budget=40 * SIZE)
+
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead)
+        await trio.sleep(PAUSE_AFTER)
+        readahead.forgotten(rows)
+        await _settle(readahead)
+        assert _lead(readahead)["paused"]
+        kernel.pushed.clear()
+        readahead.activate(_reading(rows))  # a job opens the order file: its reader announces itself
+        await _settle(readahead)
+        assert not _lead(readahead)["paused"]
+
+    _run(test, readahead)
+    assert len(kernel.pushed) >= 35, "the window is fetched again"
 
 
 def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
@@ -233,18 +283,18 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
         assert gate.wait(10), "the push was never let through"
         pushed.append(row)
 
-    index, reader, prefetcher = _engine(ds, FakeKernel(push))
+    index, reader, readahead = _engine(ds, FakeKernel(push))
     rows = index.file_rows()
     target = int(rows[-1])  # needed last: its storage read comes after the blocked first push
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(prefetcher.run)
-            prefetcher.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
+            nursery.start_soon(readahead.run)
+            readahead.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
             await trio.sleep(0.2)  # the batch is in flight, held at its first push
             with trio.fail_after(10):
                 async with trio.open_nursery() as reads:
-                    reads.start_soon(prefetcher.arrival, target)
+                    reads.start_soon(readahead.arrival, target)
                     await trio.sleep(0.2)
                     gate.set()
             nursery.cancel_scope.cancel()
@@ -254,9 +304,9 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
     finally:
         gate.set()
     assert reader.cache.get(target) == (src / index.path(target).decode()).read_bytes()
-    assert prefetcher.stats.handed_over == 1
+    assert readahead.stats.handed_over == 1
     assert target not in pushed and len(pushed) > 0
-    assert reader.storage_reads == prefetcher.stats.storage_reads, "nothing was read twice"
+    assert reader.storage_reads == readahead.stats.storage_reads, "nothing was read twice"
 
 
 def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_disk: Path) -> None:
@@ -271,22 +321,22 @@ def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_
         for shard in ds.glob("*.shard"):
             drop_from_memory(shard)
         kernel = FakeKernel()
-        index, reader, prefetcher = _engine(ds, kernel)
+        index, reader, readahead = _engine(ds, kernel)
         rows = index.file_rows()
-        _run(_fetching(rows), prefetcher)
+        _run(_fetching(rows), readahead)
         for row in rows.tolist():
             data = kernel.pushed.get(row) or reader.cache.get(row)
             assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)
-        if prefetcher.stats.cold_batches >= 1:
+        if readahead.stats.cold_batches >= 1:
             break
-    assert prefetcher.stats.cold_batches >= 1
+    assert readahead.stats.cold_batches >= 1
 
 
-def _fetching(rows: np.ndarray) -> Callable[[Prefetcher], object]:
+def _fetching(rows: np.ndarray) -> Callable[[ReadAhead], object]:
     """A test for ``_run``: follow ``rows`` until the engine fetched them all."""
 
-    async def test(prefetcher: Prefetcher) -> None:
-        prefetcher.activate(_reading(rows))
-        await _settle(prefetcher, lambda: prefetcher.stats.issued_files >= rows.size)
+    async def test(readahead: ReadAhead) -> None:
+        readahead.activate(_reading(rows))
+        await _settle(readahead, lambda: readahead.stats.issued_files >= rows.size)
 
     return test

@@ -31,7 +31,7 @@ def test_one_epoch_native_and_through_dlfs(jpegs: Path, tmp_path: Path, mount: o
     assert native["images"] == CLASSES * PER_CLASS
     assert 0 <= native["data_wait_s"] <= native["epoch_s"] and native["images_per_s"] > 0
     dataset = tmp_path / "dataset"
-    dlfs("pack", jpegs, dataset, "--order", "random")
+    dlfs("pack", jpegs, dataset, "--placement", "random")
     with mount(dataset, "--order", "block", "--block", "4") as mnt:  # type: ignore[operator]
         through = json.loads(tool(train, mnt, "--sampler", "dlfs", "--workers", "2", "--json").stdout)
     assert through["images"] == CLASSES * PER_CLASS

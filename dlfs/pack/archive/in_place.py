@@ -32,7 +32,7 @@ from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.source import Archive, advance
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary, progress_bar
+from dlfs.pack.options import PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
@@ -98,14 +98,14 @@ class _Checksums:
         archive: Archive,
         number: int,
         bar: tqdm,
+        started: float,
     ) -> None:
         self.ledger, self.windows, self.summary = ledger, windows, summary
         assert archive.stream.file is not None  # ``InPlace`` takes tars by path only
         self.tar, self.fd, self.number = archive.name, archive.stream.file.fileno(), number
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.hinted = 0
-        self.bar = bar
-        self.started = time.monotonic()
+        self.bar, self.started = bar, started
 
     def add_file(self, member: Member, data: BinaryIO) -> None:
         if not member.contiguous:
@@ -192,13 +192,15 @@ class InPlace:
         """Record every member of every tar, and where its bytes lie; the tree and placements."""
         ledger = Ledger(spill, self.root)
         summary.archives = len(self.tars)
+        started = time.monotonic()
         with progress_bar(options) as bar:
             for number, tar in enumerate(self.tars):
                 archive = self._open(tar)
                 try:
-                    self._index(archive, number, ledger, windows, options, summary, bar)
+                    self._index(archive, number, ledger, windows, options, summary, (bar, started))
                 finally:
                     archive.close()
+            show_files(bar, len(ledger), started)  # the bar's last line counts every member
         return rows.build(ledger, spill, options, summary)
 
     def _index(
@@ -209,10 +211,10 @@ class InPlace:
         windows: ArchiveWindows,
         options: PackOptions,
         summary: PackSummary,
-        bar: tqdm,
+        progress: tuple[tqdm, float],
     ) -> None:
-        """Record one tar's members and identity; refuse a tar that changed while it was read,
-        which every mount would refuse."""
+        """Record one tar's members and identity (``progress``: the bar, and when the pass
+        began); refuse a tar that changed while it was read, which every mount would refuse."""
         assert archive.stream.file is not None
         before = os.fstat(archive.stream.file.fileno())
         self.identities.append(
@@ -225,9 +227,8 @@ class InPlace:
                 prefix, stat.S_IFREG, before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns
             )
             ledger.folder(members.folder_of(tar, prefix))
-        archive.record(
-            ledger, _Checksums(ledger, windows, summary, archive, number, bar), options, summary, prefix
-        )
+        sink = _Checksums(ledger, windows, summary, archive, number, *progress)
+        archive.record(ledger, sink, options, summary, prefix)
         after = os.fstat(archive.stream.file.fileno())
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")

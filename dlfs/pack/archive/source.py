@@ -29,7 +29,7 @@ from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip, progress_bar
+from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
@@ -48,13 +48,12 @@ def _encode_batch(
 
 
 def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int) -> None:
-    """One more member of ``size`` bytes recorded: the bar, and every 256 members its files/s."""
+    """One more member of ``size`` bytes recorded: the bar, and now and then its files/s."""
     if bar is None:
         return
     bar.update(size)
-    if len(ledger) % 256 == 0:
-        rate = len(ledger) / max(time.monotonic() - started, 1e-9)
-        bar.set_postfix_str(f"{len(ledger):,} files, {rate:,.0f} files/s", refresh=False)
+    if len(ledger) % PROGRESS_EVERY == 0:
+        show_files(bar, len(ledger), started)
 
 
 class Sink(Protocol):
@@ -102,10 +101,11 @@ class Archive:
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
-        writer = _Writer(self.name, pool, shards, ledger, options, summary)
+        writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
         with progress_bar(options) as bar:
             writer.bar = bar
             self.record(ledger, writer, options, summary)
+            show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
         return rows.build(ledger, spill, options, summary)
 
     def record(
@@ -117,25 +117,25 @@ class Archive:
         while True:
             with reading(self.name, self.kind):
                 item = next(iterator, None)
-                if item is None:
-                    break
-                member, data = item
-                if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-                    ledger.symlinks.add(member.path)
-                try:
-                    if member.problem:
-                        raise Refused(member.problem)
-                    ledger.check_path(member.path)
-                except Refused as exc:
-                    fail_or_skip(str(exc), options, summary, member.path)
-                    continue
-                if member.kind == stat.S_IFDIR:
-                    ledger.folder(member)
-                elif member.kind == stat.S_IFREG:
-                    assert data is not None
-                    sink.add_file(member, data)
-                else:
-                    sink.add(member, None)
+            if item is None:
+                break
+            member, data = item
+            if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+                ledger.symlinks.add(member.path)
+            try:
+                if member.problem:
+                    raise Refused(member.problem)
+                ledger.check_path(member.path)
+            except Refused as exc:
+                fail_or_skip(str(exc), options, summary, member.path)
+                continue
+            if member.kind == stat.S_IFDIR:
+                ledger.folder(member)
+            elif member.kind == stat.S_IFREG:
+                assert data is not None
+                sink.add_file(member, data)
+            else:
+                sink.add(member, None)
         sink.finish_pending()
         with reading(self.name, self.kind):
             self.stream.drain()
@@ -148,13 +148,15 @@ class _Writer:
     def __init__(
         self,
         name: str,
+        kind: str,
         pool: Executor,
         shards: InOrderShards,
         ledger: Ledger,
         options: PackOptions,
         summary: PackSummary,
     ) -> None:
-        self.name = name
+        #: The archive's name and kind, for messages about reading it.
+        self.name, self.kind = name, kind
         self.pool, self.shards, self.ledger = pool, shards, ledger
         self.options, self.summary = options, summary
         self.batch: list[Item] = []
@@ -170,7 +172,9 @@ class _Writer:
             self.finish_pending()
             self._stream(member, data)
             return
-        self.add(member, checked_read(data, member.size, members.show(member.path), self.name))
+        with reading(self.name, self.kind):
+            content = checked_read(data, member.size, members.show(member.path), self.name)
+        self.add(member, content)
 
     def add(self, member: Member, data: bytes | None) -> None:
         self.batch.append((member, data))
@@ -189,7 +193,7 @@ class _Writer:
         self.inflight += self.batch_bytes
         self.batch_bytes = 0
         while self.window and (
-            len(self.window) > 2 * self.options.jobs or self.inflight > MAX_INFLIGHT_BYTES
+            len(self.window) > 2 * self.options.readers or self.inflight > MAX_INFLIGHT_BYTES
         ):
             self._drain_one()
 
@@ -216,9 +220,10 @@ class _Writer:
         hasher = xxhash.xxh3_64()
         left = member.size
         while left:
-            chunk = data.read(min(left, STREAM_CHUNK))
-            if not chunk:
-                raise EOFError(f"member {members.show(member.path)} is cut short")
+            with reading(self.name, self.kind):
+                chunk = data.read(min(left, STREAM_CHUNK))
+                if not chunk:
+                    raise EOFError(f"member {members.show(member.path)} is cut short")
             hasher.update(chunk)
             self.shards.write(chunk)
             left -= len(chunk)

@@ -290,11 +290,12 @@ class ArchiveStream:
         self.file: BinaryIO | None = None
         self.ahead: ReadAhead | None = None
         if source == "-":
-            raw: BinaryIO = sys.stdin.buffer
+            # Unbuffered: a read returns what the pipe holds, not once a whole chunk has come.
+            raw: BinaryIO = sys.stdin.buffer.raw  # type: ignore[attr-defined]
             self.name = "standard input"
         else:
             try:
-                raw = self.file = open(source, "rb")  # closed by close()
+                raw = self.file = open(source, "rb", buffering=0)  # closed by close()
             except OSError as exc:
                 raise PackError(f"cannot open {source}: {exc.strerror}") from None
             self.name = source

@@ -35,8 +35,8 @@ def _settled(mnt: Path, epoch: str, files: int) -> Callable[[], bool]:
     """The read-ahead of ``epoch`` (rank 0 of 1) has fetched all ``files`` and has nothing in flight."""
 
     def settled() -> bool:
-        prefetch = _stats(mnt)["prefetch"]
-        return prefetch["readings"][f"{epoch}.rank-0-of-1"]["fetched"] == files and not prefetch["inflight"]
+        readahead = _stats(mnt)["readahead"]
+        return readahead["readings"][f"{epoch}.rank-0-of-1"]["fetched"] == files and not readahead["inflight"]
 
     return settled
 
@@ -131,9 +131,9 @@ def _read_checked(mnt: Path, paths: list[Path], files: int) -> tuple[list[bytes]
     data = _read_all(paths)
     after = _stats(mnt)
     reads = after["requests"].get("read", 0) - before["requests"].get("read", 0)
-    sentinels = -(-files // after["prefetch"]["sentinel_every"])
-    detail = f"read-ahead {json.dumps(after['prefetch'])}"  # a string: pytest shows it whole
-    assert after["prefetch"]["pushed_files"] >= files - sentinels, detail
+    sentinels = -(-files // after["readahead"]["sentinel_every"])
+    detail = f"read-ahead {json.dumps(after['readahead'])}"  # a string: pytest shows it whole
+    assert after["readahead"]["pushed_files"] >= files - sentinels, detail
     lacked = f"the kernel lacked {lacking} of {files} files, {reclaimed} reclaimed after caching; {detail}"
     assert lacking - reclaimed <= sentinels, lacked
     unexplained = reads - lacking - 1
@@ -155,7 +155,7 @@ def _epoch_read_ahead(
 ) -> tuple[list[Path], list[bytes], dict]:
     """Mount ``dataset``, let the read-ahead fetch epoch 0 and read it, checked (``_read_checked``).
     Returns the files in the order read (relative to the mount), their bytes and the stats after."""
-    with mount(dataset, "--prefetch-budget", "64M", launcher=launcher) as mnt:
+    with mount(dataset, "--readahead-budget", "64M", launcher=launcher) as mnt:
         mnt = Path(mnt)
         for path in mnt.rglob("*.JPEG"):  # the kernel must know an inode before pages can be pushed to it
             path.stat()
@@ -175,8 +175,8 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
     dlfs("pack", src, root / "ds", "--shard-size", "1M")
     paths, data, after = _epoch_read_ahead(root / "ds", mount)
     assert data == [(src / path).read_bytes() for path in paths]
-    prefetch = after["prefetch"]
-    assert prefetch["storage_reads"] < prefetch["issued_files"], "neighbours in a shard share a storage read"
+    readahead = after["readahead"]
+    assert readahead["storage_reads"] < readahead["issued_files"], "neighbours share a storage read"
 
 
 def test_an_in_place_dataset_is_read_ahead_from_its_tar_cold(on_disk: Path, mount) -> None:
@@ -190,7 +190,7 @@ def test_an_in_place_dataset_is_read_ahead_from_its_tar_cold(on_disk: Path, moun
     drop_from_memory(tar)
     paths, data, after = _epoch_read_ahead(on_disk / "ds", mount)
     assert data == [(src / path).read_bytes() for path in paths]
-    assert after["prefetch"]["cold_batches"] >= 1, after["prefetch"]
+    assert after["readahead"]["cold_batches"] >= 1, after["readahead"]
 
 
 WITHOUT_CACHESTAT = [sys.executable, str(Path(__file__).with_name("without_cachestat.py"))]
@@ -209,7 +209,7 @@ def test_without_cachestat_files_are_read_ahead_and_answered_natively(on_disk: P
     paths, data, _ = _epoch_read_ahead(on_disk / "ds", mount, launcher=WITHOUT_CACHESTAT)
     assert data == [(src / path).read_bytes() for path in paths]
     shuffled = random.Random(0).sample(paths, len(paths))
-    with mount(on_disk / "ds", "--prefetch-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
+    with mount(on_disk / "ds", "--readahead-budget", "0", launcher=WITHOUT_CACHESTAT) as mnt:
         mnt = Path(mnt)
         again = _read_all([mnt / p for p in shuffled])
         native = _stats(mnt)["native"]
@@ -221,12 +221,12 @@ def test_read_ahead_stays_within_its_budget(tmp_path: Path, mount) -> None:
     src = _make_classes(tmp_path / "src", classes=4, per_class=100, size=50_000)
     dlfs("pack", src, tmp_path / "ds")
     budget = 1 << 20
-    with mount(tmp_path / "ds", "--prefetch-budget", str(budget), "--prefetch-inflight", "2") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", str(budget), "--readahead-inflight", "2") as mnt:
         mnt = Path(mnt)
         paths = _published(mnt, "epoch-1.rank-0-of-2")
         for k in range(0, len(paths), 25):
             _read_all(paths[k : k + 25])
-            reading = _stats(mnt)["prefetch"]["readings"]["epoch-1.rank-0-of-2"]
+            reading = _stats(mnt)["readahead"]["readings"]["epoch-1.rank-0-of-2"]
             assert reading["lead_bytes"] <= budget + 50_100, "at most one file beyond the budget"
             assert reading["fetched"] <= min(len(paths), k + 25 + budget // 50_000 + 1)
 
@@ -236,28 +236,28 @@ def test_without_a_published_order_nothing_is_read_ahead(packed: Path, odd_tree:
         mnt = Path(mnt)
         for path in sorted(mnt.glob("many/*.dat"), reverse=True):
             assert path.read_bytes() == (odd_tree / path.relative_to(mnt)).read_bytes()
-        assert _stats(mnt)["prefetch"]["issued_files"] == 0
+        assert _stats(mnt)["readahead"]["issued_files"] == 0
 
 
 def test_restarting_an_epoch_is_followed(tmp_path: Path, mount) -> None:
     src = _make_classes(tmp_path / "src", classes=2, per_class=150, size=4000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "200K") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "200K") as mnt:
         mnt = Path(mnt)
         paths = _published(mnt, "epoch-0")
         _read_all(paths[:250])
         Path("/proc/sys/vm/drop_caches").write_text("3\n")  # forget the pages: the restart must refetch
         _read_all(paths[:30])
-        stats = _stats(mnt)["prefetch"]
+        stats = _stats(mnt)["readahead"]
         assert stats["restarts"] >= 1
 
 
 def test_read_ahead_off_still_reads_correctly(packed: Path, odd_tree: Path, mount) -> None:
-    with mount(packed, "--prefetch-budget", "0") as mnt:
+    with mount(packed, "--readahead-budget", "0") as mnt:
         mnt = Path(mnt)
         for path in _published(mnt, "epoch-0"):
             assert path.read_bytes() == (odd_tree / path.relative_to(mnt)).read_bytes()
-        assert _stats(mnt)["prefetch"] is None
+        assert _stats(mnt)["readahead"] is None
 
 
 def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, mount) -> None:
@@ -282,37 +282,37 @@ def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, mount) 
 
     src = _make_classes(tmp_path / "src", classes=4, per_class=200, size=3000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "1M", "--cache-size", "1M") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "1M", "--cache-size", "1M") as mnt:
         mnt = Path(mnt)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")  # the kernel knows no file: every push lists first
         paths = _published(mnt, "epoch-0")
         with ThreadPoolExecutor(8) as pool:
             shares = list(pool.map(worker, [paths[k::8] for k in range(8)]))
         # The read-ahead may finish its last batches after the readers are done.
-        assert wait_until(lambda: not _stats(mnt)["prefetch"]["inflight"], 30)
+        assert wait_until(lambda: not _stats(mnt)["readahead"]["inflight"], 30)
         stats = _stats(mnt)
     assert sorted(b for share in shares for b in share) == sorted(
         _read_all([src / p.relative_to(mnt) for p in paths])
     )
-    assert stats["prefetch"]["restarts"] == 0 and stats["prefetch"]["misses_ahead"] == 0, json.dumps(stats)
-    prefetch = stats["prefetch"]
+    assert stats["readahead"]["restarts"] == 0 and stats["readahead"]["misses_ahead"] == 0, json.dumps(stats)
+    readahead = stats["readahead"]
     # Each file is fetched ahead once, or skipped because a worker already read it into the kernel.
-    assert prefetch["issued_files"] + prefetch["already_cached"] == len(paths), json.dumps(prefetch)
+    assert readahead["issued_files"] + readahead["already_cached"] == len(paths), json.dumps(readahead)
 
 
 def test_files_the_kernel_already_caches_are_not_pushed_again(tmp_path: Path, mount) -> None:
     src = _make_classes(tmp_path / "src", classes=4, per_class=100, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "64M") as mnt:
         mnt = Path(mnt)
         first = _published(mnt, "epoch-0")
         _read_all(first)
         with _pinned(first):  # every file now sits in the mount's page cache, and stays there
             assert _lacking(mnt, first) == (0, 0)
-            before = _stats(mnt)["prefetch"]
+            before = _stats(mnt)["readahead"]
             second = _published(mnt, "epoch-1")  # a new epoch: its read-ahead starts at once
             assert wait_until(_settled(mnt, "epoch-1", len(second)), 30)
-            after = _stats(mnt)["prefetch"]
+            after = _stats(mnt)["readahead"]
             data = _read_all(second)
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in second]
     assert after["already_cached"] - before["already_cached"] >= 0.9 * len(second)
@@ -323,15 +323,15 @@ def test_files_never_looked_up_are_pushed_after_listing_their_directory(tmp_path
     """A cold start: the kernel knows no inode, so a push is refused until the directory is listed."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "64M") as mnt:
         mnt = Path(mnt)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         data, before, after = _read_checked(mnt, paths, len(paths))
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    prefetch = after["prefetch"]
-    assert prefetch["revealed_dirs"] >= 4 and prefetch["push_refused"] == 0, prefetch
+    readahead = after["readahead"]
+    assert readahead["revealed_dirs"] >= 4 and readahead["push_refused"] == 0, readahead
     assert after["requests"]["lookup"] - before["requests"]["lookup"] <= 4, "the listing made the entries"
 
 
@@ -350,7 +350,7 @@ def test_entries_a_scan_listed_are_pushed(
     itself, once, with attributes (the unscanned one too: the kernel knows none of its files)."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M", "--readdirplus", readdirplus) as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "64M", "--readdirplus", readdirplus) as mnt:
         mnt = Path(mnt)
         for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name)[:scanned]:
             list(os.scandir(class_dir.path))
@@ -360,11 +360,11 @@ def test_entries_a_scan_listed_are_pushed(
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         data = _read_all(paths)
         stats = _stats(mnt)
-    prefetch = stats["prefetch"]
+    readahead = stats["readahead"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
     assert stats["listed_folders"] == in_background, stats
-    assert prefetch["revealed_dirs"] == by_read_ahead and prefetch["push_refused"] == 0, prefetch
-    assert prefetch["pushed_files"] > 0.95 * len(paths), prefetch
+    assert readahead["revealed_dirs"] == by_read_ahead and readahead["push_refused"] == 0, readahead
+    assert readahead["pushed_files"] > 0.95 * len(paths), readahead
 
 
 def test_a_scan_after_the_kernel_forgot_the_tree_is_a_plain_one_again(tmp_path: Path, mount) -> None:
@@ -389,15 +389,49 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, mount) ->
     """Pushed files the kernel forgets before the reader comes (memory pressure) are pushed again."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=50, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "64M") as mnt:
         mnt = Path(mnt)
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        assert wait_until(lambda: _stats(mnt)["prefetch"]["forgotten_ahead"] > 0, 15), "no forget seen"
+        assert wait_until(lambda: _stats(mnt)["readahead"]["forgotten_ahead"] > 0, 15), "no forget seen"
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         data, _, _ = _read_checked(mnt, paths, len(paths))
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
+
+
+def _drop_caches(mnt: Path, times: int) -> None:
+    """Have the kernel forget every entry and page, ``times`` times, each time until the FORGETs
+    of the mount's files have reached the daemon."""
+    for _ in range(times):
+        forgets = _stats(mnt)["requests"].get("forget", 0)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        assert wait_until(lambda n=forgets + 100: _stats(mnt)["requests"].get("forget", 0) >= n, 15)
+
+
+def test_an_abandoned_reading_pauses_until_its_reader_reads_again(tmp_path: Path, mount) -> None:
+    """A job that stops mid-epoch: once its reader is quiet for ``--readahead-pause``, its reading
+    shows paused, and evictions fetch nothing again; the reader's next read resumes the read-ahead
+    from there."""
+    src = _make_classes(tmp_path / "src", classes=4, per_class=150, size=20_000)
+    dlfs("pack", src, tmp_path / "ds")
+    with mount(tmp_path / "ds", "--readahead-budget", "2M", "--readahead-pause", "2") as mnt:
+        mnt = Path(mnt)
+        paths = _published(mnt, "epoch-0")
+        _read_all(paths[:100])
+        assert wait_until(lambda: _stats(mnt)["readahead"]["readings"]["epoch-0.rank-0-of-1"]["paused"], 15)
+        paused = _stats(mnt)["readahead"]
+        assert paused["paused_readings"] == 1 and paused["pauses"] == 1, json.dumps(paused)
+        _drop_caches(mnt, 5)
+        assert wait_until(lambda: not _stats(mnt)["readahead"]["inflight"], 15)
+        evicted = _stats(mnt)["readahead"]
+        assert evicted["forgotten_ahead"] > 0, "the engine saw the window forgotten"
+        assert evicted["issued_files"] == paused["issued_files"], json.dumps(evicted)
+        assert _read_all(paths[100:101]) == [(src / paths[100].relative_to(mnt)).read_bytes()]
+        assert wait_until(lambda: _stats(mnt)["readahead"]["resumes"] == 1, 15)
+        # The budget holds 100 files: most of them are fetched ahead of the reader again.
+        assert wait_until(lambda: _stats(mnt)["readahead"]["pushed_files"] >= paused["pushed_files"] + 50, 15)
+        assert _stats(mnt)["readahead"]["readings"]["epoch-0.rank-0-of-1"]["cursor"] == 100
 
 
 def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, mount) -> None:
@@ -405,15 +439,15 @@ def test_block_order_runs_are_read_whole_from_a_wide_window(tmp_path: Path, moun
     run with one storage request instead of one per file."""
     src = _make_classes(tmp_path / "src", classes=6, per_class=100, size=150_000)
     dlfs("pack", src, tmp_path / "ds")
-    flags = ("--order", "block", "--block", "20", "--window", "300", "--prefetch-budget", "64M")
+    flags = ("--order", "block", "--block", "20", "--window", "300", "--readahead-budget", "64M")
     with mount(tmp_path / "ds", *flags) as mnt:
         mnt = Path(mnt)
         paths = _published(mnt, "epoch-0")
         data = _read_all(paths)
-        prefetch = _stats(mnt)["prefetch"]
+        readahead = _stats(mnt)["readahead"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    assert prefetch["issued_files"] >= 0.9 * len(paths), prefetch
-    assert prefetch["storage_reads"] <= len(paths) // 5, f"{prefetch['storage_reads']} reads for 30 runs"
+    assert readahead["issued_files"] >= 0.9 * len(paths), readahead
+    assert readahead["storage_reads"] <= len(paths) // 5, f"{readahead['storage_reads']} reads for 30 runs"
 
 
 def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Path, mount) -> None:
@@ -421,7 +455,7 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
     must list the directories again (the kernel forgot every entry) to push anything."""
     src = _make_classes(tmp_path / "src", classes=4, per_class=100, size=20_000)
     dlfs("pack", src, tmp_path / "ds")
-    with mount(tmp_path / "ds", "--prefetch-budget", "64M") as mnt:
+    with mount(tmp_path / "ds", "--readahead-budget", "64M") as mnt:
         mnt = Path(mnt)
         paths = _published(mnt, "epoch-0")
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
@@ -431,12 +465,12 @@ def test_a_pass_after_the_kernel_forgot_everything_is_pushed_again(tmp_path: Pat
         # The FORGETs reach the daemon apart from the reads (its C threads gather them): a training
         # job's next epoch starts long after; here, let them arrive before the restart.
         assert wait_until(lambda: _stats(mnt)["requests"].get("forget", 0) >= forgets + len(paths), 15)
-        restarts = _stats(mnt)["prefetch"]["restarts"]
+        restarts = _stats(mnt)["readahead"]["restarts"]
         data = _read_all(paths[:1])  # the first file is a sentinel: reading it restarts the epoch
         assert wait_until(_settled(mnt, "epoch-0", len(paths)), 30)
         rest, before, _ = _read_checked(mnt, paths[1:], len(paths))
     assert data + rest == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    assert before["prefetch"]["restarts"] == restarts + 1
+    assert before["readahead"]["restarts"] == restarts + 1
 
 
 def test_an_epoch_from_cold_storage_is_read_past_the_shards_page_cache(on_disk: Path, mount) -> None:
@@ -457,8 +491,8 @@ def test_an_epoch_from_cold_storage_is_read_past_the_shards_page_cache(on_disk: 
             cached += cached_pages(fd, shard.stat().st_size) * 4096
             os.close(fd)
         data = _read_all(paths)
-        prefetch = _stats(mnt)["prefetch"]
+        readahead = _stats(mnt)["readahead"]
     assert data == [(src / p.relative_to(mnt)).read_bytes() for p in paths]
-    assert prefetch["cold_batches"] >= 1 and prefetch["pushed_files"] > 0.9 * len(paths), prefetch
+    assert readahead["cold_batches"] >= 1 and readahead["pushed_files"] > 0.9 * len(paths), readahead
     # What did go through the page cache: the sentinels, one probe read per batch.
-    assert cached < 0.1 * sum(shard.stat().st_size for shard in shards), (cached, json.dumps(prefetch))
+    assert cached < 0.1 * sum(shard.stat().st_size for shard in shards), (cached, json.dumps(readahead))
