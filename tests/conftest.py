@@ -17,10 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 from seaweed import SeaweedServer, Tls
 
 from dlfs import system_install
+from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
 from dlfs.core.store import LocalStore
@@ -37,6 +40,55 @@ DLFS_COMMAND = Path(sys.executable).with_name("dlfs")
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 #: Small shards so every odd tree spans several of them and has a file larger than one shard.
 SMALL_SHARD = 64 * 1024
+
+
+def assert_sound(index: Index) -> None:
+    """What the mount shows of an index that loaded: every row reached once from the root, each
+    name one path component, no name twice in a folder, every path leading back to its row, and
+    every file's bytes inside its shard."""
+    seen = np.zeros(index.count, dtype=bool)
+    seen[fmt.ROOT_ROW] = True
+    folders = [fmt.ROOT_ROW]
+    while folders:
+        row = folders.pop()
+        names = index.names_run(index.children(row))
+        assert names == sorted(set(names))
+        for child, name in zip(index.children(row), names, strict=True):
+            assert not seen[child] and 1 <= len(name) <= 255 and name not in (b".", b"..")
+            assert b"/" not in name and b"\0" not in name
+            seen[child] = True
+            assert index.resolve(index.path(child)) == child
+            if index.is_dir(child):
+                folders.append(child)
+            elif index.is_symlink(child):
+                assert 1 <= len(index.readlink(child)) <= 4095
+            else:
+                assert index.is_file(child)
+                shard = int(index.shard[child])
+                assert int(index.offset[child]) + int(index.stored[child]) <= index.shard_sizes[shard]
+    assert seen.all()
+
+
+def fuzz_examples(default: int) -> int:
+    """Examples per fuzz test: ``DLFS_FUZZ_EXAMPLES``, else ``default`` (what ``make test`` runs)."""
+    return int(os.environ.get("DLFS_FUZZ_EXAMPLES", default))
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Hypothesis settings of the fuzz tests: no deadline (each test bounds an example's time
+    itself), no example database, and large inputs allowed."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
+
+
 FIXED_NS = 1_600_000_000_123_456_789
 #: (uid, gid) of entries of the odd tree that root does not own: numbers that need 32 bits, and
 #: one pair shared by two entries.

@@ -30,6 +30,9 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # command's connections with strace.
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
+# The archive tests compare dlfs pack of a zip with what Info-ZIP's unzip extracts.
+command -v zip >/dev/null 2>&1 || missing+=(zip)
+command -v unzip >/dev/null 2>&1 || missing+=(unzip)
 # The tests check the systemd unit dlfs@.service with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)

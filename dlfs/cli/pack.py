@@ -1,4 +1,4 @@
-"""``dlfs pack SRC DST``: a directory tree into shards and an index (``dlfs.pack``)."""
+"""``dlfs pack SRC DST``: a directory tree or an archive into shards and an index (``dlfs.pack``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,14 @@ from dlfs.cli.common import SIZES, Subparsers, add_command, human, parse_size, s
 
 
 def add_parser(sub: Subparsers) -> None:
-    p = add_command(sub, "pack", run, help="pack a directory tree into shards + index", epilog=SIZES)
-    p.add_argument("src", help="the directory tree to pack")
+    p = add_command(
+        sub, "pack", run, help="pack a directory tree or an archive into shards + index", epilog=SIZES
+    )
+    p.add_argument(
+        "src",
+        help="what to pack: a directory tree; or an archive, read in one pass and never extracted: a tar "
+        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input",
+    )
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument(
         "--shard-size",
@@ -57,6 +63,12 @@ def add_parser(sub: Subparsers) -> None:
         action="store_false",
         help="do not wait for the disk before publishing (like tar or cp): for scratch copies",
     )
+    p.add_argument(
+        "--expand-tars",
+        action="store_true",
+        help="an archive's members named NAME.tar, at any depth, become folders NAME of their members "
+        "(ImageNet's train tar of class tars packs into class folders)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     store_flags(p)
 
@@ -77,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         sync=args.sync,
         store=store_options(args),
         transform=parse_transform(args.transform) if args.transform else None,
+        expand_tars=args.expand_tars,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -98,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
             f"transform {summary.transform} ({summary.codec}): {summary.transformed_files} files changed, "
             f"{human(summary.source_bytes)} of source files stored in {human(summary.bytes)}"
             + (f", stored unchanged: {kept}" if kept else "")
+        )
+    if summary.duplicates:
+        print(
+            f"{summary.duplicates} archive members replaced by a later one at the same path (as tar x does)"
         )
     if summary.skipped_special or summary.skipped_errors:
         print(

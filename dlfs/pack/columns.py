@@ -56,13 +56,23 @@ class Placed:
             self.flush()
 
     def flush(self) -> None:
-        rows = np.array(self._rows, dtype=np.int64)
-        self.tree.columns["size"].scatter(rows, np.array(self._size, dtype=np.uint64))
-        for name, values in self._values.items():
-            self.columns[name].scatter(rows, np.array(values, dtype=self.columns[name].dtype))
-            del values[:]
-        self.columns["placed"].scatter(rows, np.ones(len(rows), dtype=np.uint8))
+        values = {name: np.array(v, dtype=self.columns[name].dtype) for name, v in self._values.items()}
+        self._scatter(np.array(self._rows, dtype=np.int64), np.array(self._size, dtype=np.uint64), values)
+        for buffer in self._values.values():
+            del buffer[:]
         del self._rows[:], self._size[:]
+
+    def add_many(self, rows: np.ndarray, sizes: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        """Place many rows at once: ``values`` holds each of PLACED_COLUMNS but ``placed``."""
+        self.flush()
+        self._scatter(rows, sizes, values)
+        self.count += len(rows)
+
+    def _scatter(self, rows: np.ndarray, sizes: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        self.tree.columns["size"].scatter(rows, sizes)
+        for name, column in values.items():
+            self.columns[name].scatter(rows, column)
+        self.columns["placed"].scatter(rows, np.ones(len(rows), dtype=np.uint8))
 
     def place_links(self) -> None:
         """Point each symlink's ``offset`` and ``stored`` at its target in the ``links`` blob."""

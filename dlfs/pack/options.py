@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
+
+from tqdm import tqdm
 
 from dlfs.core.errors import PackError
 from dlfs.core.store import StoreOptions
@@ -43,6 +46,8 @@ class PackOptions:
     store: StoreOptions = field(default_factory=StoreOptions)
     #: Bytes stored in place of each file's (``dlfs pack --transform``); None stores them as they are.
     transform: Transform | None = None
+    #: An archive's members named ``NAME.tar`` become folders ``NAME`` of their own members.
+    expand_tars: bool = False
 
 
 @dataclass
@@ -60,6 +65,8 @@ class PackSummary:
     skipped_special: int = 0
     skipped_errors: int = 0
     skipped_paths: list[str] = field(default_factory=list)
+    #: Archive members at a path a later member took (the last is kept, as ``tar x`` keeps it).
+    duplicates: int = 0
     #: ``--transform``'s spec and codec ("" without one), the files it changed, and per reason
     #: (``images.Kept``) the files it stored unchanged.
     transform: str = ""
@@ -71,6 +78,29 @@ class PackSummary:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+#: Files between refreshes of the files/s figure on the progress bar.
+PROGRESS_EVERY = 256
+
+
+def progress_bar(options: PackOptions, total: int | None = None) -> tqdm:
+    """Pack's progress bar over bytes (``total``: None where the bytes to come are not known)."""
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not options.progress,
+        desc="pack",
+        dynamic_ncols=True,
+    )
+
+
+def show_files(bar: tqdm, files: int, started: float) -> None:
+    """The files placed so far and their rate, drawn with the bar's next refresh."""
+    rate = files / max(time.monotonic() - started, 1e-9)
+    bar.set_postfix_str(f"{files:,} files, {rate:,.0f} files/s", refresh=False)
 
 
 def fail_or_skip(message: str, options: PackOptions, summary: PackSummary, path: bytes) -> None:

@@ -24,17 +24,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
 from dlfs.pack import images
+from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
-from dlfs.pack.options import PLACEMENTS, PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.options import (
+    PLACEMENTS,
+    PROGRESS_EVERY,
+    PackOptions,
+    PackSummary,
+    fail_or_skip,
+    progress_bar,
+    show_files,
+)
 from dlfs.pack.placement import placement_order
 from dlfs.pack.spill import Spill, remove_stale
 from dlfs.pack.walk import Tree, walk
@@ -42,8 +49,6 @@ from dlfs.pack.writers import InOrderShards, InPlaceShards, ShardSet
 
 log = logging.getLogger(__name__)
 
-#: Files between refreshes of the files/s figure on the progress bar.
-PROGRESS_EVERY = 256
 #: The index file's write buffer.
 INDEX_BUFFER = 1 << 20
 
@@ -56,53 +61,69 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
-    if not src_path.exists():
+    if os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
-    if not src_path.is_dir():
-        raise PackError(f"source {src} is not a directory")
     started = time.monotonic()
-    with interruptible():
-        if is_s3(dst):
-            summary = _pack_to_bucket(src_path, str(dst), options)
-        else:
-            summary = _pack_to_directory(src_path, Path(dst), options)
+    tree = os.fspath(src) != "-" and src_path.is_dir()
+    if tree and options.expand_tars:
+        raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
+    if not tree and options.placement != "source":
+        raise PackError(
+            "an archive's members are laid into shards as they arrive; "
+            "--placement random needs a directory tree"
+        )
+    archive = None if tree else Archive(os.fspath(src))
+    try:
+        with interruptible():
+            if is_s3(dst):
+                summary = _pack_to_bucket(src_path, archive, str(dst), options)
+            else:
+                summary = _pack_to_directory(src_path, archive, Path(dst), options)
+    finally:
+        if archive is not None:
+            archive.close()
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _pack_to_directory(src: Path, dst: Path, options: PackOptions) -> PackSummary:
+def _pack_to_directory(src: Path, archive: Archive | None, dst: Path, options: PackOptions) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
     old_id = check_destination(src, dst, store, options)
     try:
         with locked(dst):
-            return _replace(src, store, old_id, dst, options)
+            return _replace(src, archive, store, old_id, dst, options)
     finally:
         store.close()
 
 
-def _pack_to_bucket(src: Path, dst: str, options: PackOptions) -> PackSummary:
+def _pack_to_bucket(src: Path, archive: Archive | None, dst: str, options: PackOptions) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
     once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
     store = open_store(dst, options=options.store)
     try:
         return _replace(
-            src, store, replaced_dataset(store, options, "prefix"), Path(tempfile.gettempdir()), options
+            src,
+            archive,
+            store,
+            replaced_dataset(store, options, "prefix"),
+            Path(tempfile.gettempdir()),
+            options,
         )
     finally:
         store.close()
 
 
 def _replace(
-    src: Path, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
+    src: Path, archive: Archive | None, store: Store, old_id: str | None, spill_in: Path, options: PackOptions
 ) -> PackSummary:
-    """Pack into ``store`` in place of dataset ``old_id``, removing what earlier runs left, with
-    its column files in a ``Spill`` under ``spill_in``."""
+    """Pack the tree ``src``, or ``archive``, into ``store`` in place of dataset ``old_id``,
+    removing what earlier runs left, with its column files in a ``Spill`` under ``spill_in``."""
     remove_leftovers(store, old_id)
     remove_stale(spill_in)
     spill = _spill(spill_in)
     try:
-        summary = _pack_locked(os.fsencode(src), store, spill, options)
+        summary = _pack_locked(os.fsencode(src), archive, store, spill, options)
     finally:
         spill.close()
     if old_id:
@@ -134,15 +155,7 @@ def _write_payloads(
     total = summary.source_bytes = tree.file_bytes
     files = (tree.entries(rows) for rows in placement_order(tree, options.placement, options.seed))
     reads = shards.reads(pool, files, options)
-    with tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        disable=not options.progress,
-        desc="pack",
-        dynamic_ncols=True,
-    ) as bar:
+    with progress_bar(options, total) as bar:
         for file, slot, outcome in reads:
             row, path, size = file
             try:
@@ -158,15 +171,9 @@ def _write_payloads(
             if options.transform is not None:
                 _count_transformed(summary, payload.kept if outcome is not None else images.Kept.TOO_LARGE)
             if len(placed) % PROGRESS_EVERY == 0:
-                _show_files(bar, len(placed), started)
+                show_files(bar, len(placed), started)
             bar.update(size)
-        _show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
-
-
-def _show_files(bar: tqdm, files: int, started: float) -> None:
-    """The files placed so far and their rate, drawn with the bar's next refresh."""
-    rate = files / max(time.monotonic() - started, 1e-9)
-    bar.set_postfix_str(f"{files:,} files, {rate:,.0f} files/s", refresh=False)
+        show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
@@ -203,12 +210,15 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             ) from None
 
 
-def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -> PackSummary:
+def _pack_locked(
+    src: bytes, archive: Archive | None, store: Store, spill: Spill, options: PackOptions
+) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes writes at any offset and stored sizes are known from the walk
-    # (no lz4, no transform).
+    # (no lz4, no transform, not an archive).
     shards: ShardSet[Any]
-    if isinstance(store, WritesInPlace) and not options.compress and options.transform is None:
+    in_place = archive is None and not options.compress and options.transform is None
+    if in_place and isinstance(store, WritesInPlace):
         shards = InPlaceShards(store, summary.dataset_id, options.shard_size)
     else:
         shards = InOrderShards(store, summary.dataset_id, options.shard_size)
@@ -219,9 +229,13 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
         _transform_pool(options, summary) as transforms,
     ):
         try:
-            tree = walk(src, spill, options, summary, pool)
-            placed = Placed(tree, spill)
-            _write_payloads(transforms or pool, tree, placed, shards, options, summary)
+            if archive is None:
+                tree = walk(src, spill, options, summary, pool)
+                placed = Placed(tree, spill)
+                _write_payloads(transforms or pool, tree, placed, shards, options, summary)
+            else:
+                assert isinstance(shards, InOrderShards)
+                tree, placed = archive.pack(shards, spill, options, summary, transforms or pool)
             shard_list = shards.finish()
             rows = IndexRows(tree, placed)
             meta = {
@@ -229,7 +243,8 @@ def _pack_locked(src: bytes, store: Store, spill: Spill, options: PackOptions) -
                 "created_ns": time.time_ns(),
                 "dlfs_version": __version__,
                 "build": {
-                    "source": os.fsdecode(src),
+                    "source": os.fsdecode(src) if archive is None else archive.name,
+                    "source_kind": "directory" if archive is None else archive.kind,
                     "shard_size": options.shard_size,
                     "compress": "lz4" if options.compress else "none",
                     "placement": options.placement,

@@ -72,7 +72,11 @@ def _read_whole(path: bytes, size_hint: int) -> bytes:
 
 
 def _prepare(path: bytes, size_hint: int, compress: bool, transform: Transform | None) -> Payload:
-    data = _read_whole(path, size_hint)
+    return encode(_read_whole(path, size_hint), compress, transform)
+
+
+def encode(data: bytes, compress: bool, transform: Transform | None) -> Payload:
+    """A file's payload from its bytes: transformed, checksummed, and lz4'd where that pays."""
     flags, kept = 0, None
     if transform is not None:
         out = transform.apply(data)

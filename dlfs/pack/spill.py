@@ -15,7 +15,8 @@ import mmap
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,13 @@ class Column:
     def close(self) -> None:
         self._unmap()
         os.close(self._fd)
+
+
+def append_buffers(pairs: Iterable[tuple[Column, array | bytearray]]) -> None:
+    """Append each in-memory buffer to its column, and empty it."""
+    for column, buffer in pairs:
+        column.extend(buffer)  # type: ignore[arg-type]
+        del buffer[:]
 
 
 class Spill:

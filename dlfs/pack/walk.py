@@ -20,7 +20,7 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
-from dlfs.pack.spill import Spill
+from dlfs.pack.spill import Spill, append_buffers
 
 log = logging.getLogger(__name__)
 
@@ -75,31 +75,37 @@ class Tree:
         return self.count
 
     def add(self, parent: int, name: bytes, st: os.stat_result) -> int:
+        return self.add_row(parent, name, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns)
+
+    def add_row(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, size: int, mtime_ns: int
+    ) -> int:
+        """Append a row; its number."""
         row = self.count
         rows = self._rows
         rows["parent"].append(parent)
         self._names += name
         rows["name_end"].append(self._names_length + len(self._names))
-        rows["mode"].append(st.st_mode)
-        owner = self.owners.get((st.st_uid, st.st_gid))
-        rows["owner"].append(self._new_owner(st) if owner is None else owner)
-        rows["size"].append(st.st_size)
-        rows["mtime"].append(st.st_mtime_ns)
-        if stat.S_ISREG(st.st_mode):
+        rows["mode"].append(mode)
+        owner = self.owners.get((uid, gid))
+        rows["owner"].append(self._new_owner(uid, gid) if owner is None else owner)
+        rows["size"].append(size)
+        rows["mtime"].append(mtime_ns)
+        if stat.S_ISREG(mode):
             self._files.append(row)
-            self.file_bytes += st.st_size
+            self.file_bytes += size
         self.count += 1
         if len(rows["parent"]) >= FLUSH_ROWS:
             self.flush()
         return row
 
-    def _new_owner(self, st: os.stat_result) -> int:
+    def _new_owner(self, uid: int, gid: int) -> int:
         if len(self.owners) == fmt.OWNERS_MAX:
             raise PackError(
                 f"the source tree has more than {fmt.OWNERS_MAX:,} distinct (uid, gid) owners, more than "
                 "one index holds; pack its folders as separate datasets"
             )
-        owner = self.owners[st.st_uid, st.st_gid] = len(self.owners)
+        owner = self.owners[uid, gid] = len(self.owners)
         return owner
 
     def add_link(self, row: int, target: bytes) -> None:
@@ -109,9 +115,7 @@ class Tree:
 
     def flush(self) -> None:
         """Append the buffered rows to the column files."""
-        for name, values in self._rows.items():
-            self.columns[name].extend(values)
-            del values[:]
+        append_buffers((self.columns[name], values) for name, values in self._rows.items())
         self._names_length += len(self._names)
         self._links_length += len(self._links)
         for what, length in (("names", self._names_length), ("symlink targets", self._links_length)):
@@ -120,15 +124,15 @@ class Tree:
                     f"the {what} in the source tree take more than 4 GiB, more than one index holds; "
                     "pack its folders as separate datasets"
                 )
-        for column, buffer in (
-            (self.names, self._names),
-            (self.files, self._files),
-            (self.link_rows, self._link_rows),
-            (self.link_end, self._link_end),
-            (self.links, self._links),
-        ):
-            column.extend(buffer)
-            del buffer[:]
+        append_buffers(
+            (
+                (self.names, self._names),
+                (self.files, self._files),
+                (self.link_rows, self._link_rows),
+                (self.link_end, self._link_end),
+                (self.links, self._links),
+            )
+        )
 
     def entries(self, rows: np.ndarray) -> list[tuple[int, bytes, int]]:
         """``(row, path, size)`` of each row (files, in the order given)."""

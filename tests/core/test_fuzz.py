@@ -13,7 +13,6 @@ Each test prints how many ran.
 from __future__ import annotations
 
 import json
-import os
 import random
 import stat
 import struct
@@ -24,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from conftest import assert_sound, fuzz_examples, fuzz_settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_bad_index import load, reseal, with_meta
 
@@ -37,23 +37,14 @@ from dlfs.core.store import LocalStore
 from dlfs.pack import PackOptions, pack
 
 DEFAULT_EXAMPLES = 1000
-EXAMPLES = int(os.environ.get("DLFS_FUZZ_EXAMPLES", DEFAULT_EXAMPLES))
+EXAMPLES = fuzz_examples(DEFAULT_EXAMPLES)
 #: An example slower than this counts as a hang.
 SECONDS_PER_EXAMPLE = 5.0
 #: Most a load may allocate beyond a few times the index's own size (the valid one takes ~0.1 MiB).
 ALLOCATION_SLACK = 16 << 20
 INTERESTING = [0, 1, 2, 7, 8, 46, 47, 63, 64, 255, 256, 2**31, 2**32 - 1, 2**32, 2**60, 2**63, 2**64 - 1]
 
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+FUZZ = fuzz_settings(EXAMPLES)
 
 
 def make_tree(root: Path) -> Path:
@@ -115,33 +106,6 @@ def try_load(raw: bytes) -> Index | None:
         tracemalloc.stop()
         assert elapsed < SECONDS_PER_EXAMPLE, f"loading took {elapsed:.1f} s"
         assert peak < 4 * len(raw) + ALLOCATION_SLACK, f"loading allocated {peak} bytes"
-
-
-def assert_sound(index: Index) -> None:
-    """What the mount shows of an index that loaded: every row reached once from the root, each
-    name one path component, no name twice in a folder, every path leading back to its row, and
-    every file's bytes inside its shard."""
-    seen = np.zeros(index.count, dtype=bool)
-    seen[fmt.ROOT_ROW] = True
-    folders = [fmt.ROOT_ROW]
-    while folders:
-        row = folders.pop()
-        names = index.names_run(index.children(row))
-        assert names == sorted(set(names))
-        for child, name in zip(index.children(row), names, strict=True):
-            assert not seen[child] and 1 <= len(name) <= 255 and name not in (b".", b"..")
-            assert b"/" not in name and b"\0" not in name
-            seen[child] = True
-            assert index.resolve(index.path(child)) == child
-            if index.is_dir(child):
-                folders.append(child)
-            elif index.is_symlink(child):
-                assert 1 <= len(index.readlink(child)) <= 4095
-            else:
-                assert index.is_file(child)
-                shard = int(index.shard[child])
-                assert int(index.offset[child]) + int(index.stored[child]) <= index.shard_sizes[shard]
-    assert seen.all()
 
 
 def flipped(raw: bytes, flips: list[tuple[int, int]]) -> bytes:

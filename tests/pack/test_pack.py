@@ -24,7 +24,9 @@ from dlfs.pack import PackOptions, pack, packer, pipeline
 def test_missing_or_non_directory_source_is_refused(tmp_path: Path) -> None:
     assert_one_line_error(dlfs("pack", tmp_path / "nope", tmp_path / "dst", check=False), "does not exist")
     (tmp_path / "file").write_text("x")
-    assert_one_line_error(dlfs("pack", tmp_path / "file", tmp_path / "dst", check=False), "not a directory")
+    assert_one_line_error(
+        dlfs("pack", tmp_path / "file", tmp_path / "dst", check=False), "neither a directory nor an archive"
+    )
 
 
 def test_existing_dataset_needs_force(odd_tree: Path, packed: Path) -> None:

@@ -1,0 +1,203 @@
+"""The ledger's members sorted into the index's rows: the tree breadth-first, each folder's
+entries by name bytes, exactly as the directory walk numbers a tree (``walk.Tree``).
+
+Hard links are resolved first: each takes the bytes and attributes of the member its target named
+when it arrived (as ``tar x`` links to the file extracted so far). Then each folder's members are
+read from the ledger, sorted and settled: of several members at one path the last wins, as with
+``tar x``; a path that is a folder stays one, and a file or symlink member at it is refused. The
+folder being sorted is the only one whose names are in memory (~200 bytes an entry), plus about 20
+bytes a member for the grouping of members by folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+from collections import deque
+
+import numpy as np
+
+from dlfs.core import format as fmt
+from dlfs.pack.archive.ledger import LEDGER_COLUMNS, Folder, Ledger
+from dlfs.pack.archive.members import HARDLINK, show
+from dlfs.pack.columns import PLACED_COLUMNS, Placed
+from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
+from dlfs.pack.spill import Spill
+from dlfs.pack.walk import Directory, Tree
+
+log = logging.getLogger(__name__)
+
+#: Rows whose payloads are placed at a time.
+PLACE_CHUNK = 1 << 16
+#: What a hard link takes from its target: everything but its own name, folder and link number.
+TAKEN = [name for name in LEDGER_COLUMNS if name not in ("parent", "name_end", "link")]
+
+
+class _Groups:
+    """The ledger's members grouped by folder, in arrival order within each."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        parents = ledger.columns["parent"].read(0, len(ledger))
+        self.order = np.argsort(parents, kind="stable")
+        self.bounds = np.searchsorted(parents[self.order], np.arange(len(ledger.folders) + 1))
+
+    def members(self, folder: int) -> np.ndarray:
+        return self.order[self.bounds[folder] : self.bounds[folder + 1]]
+
+
+def build(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSummary) -> tuple[Tree, Placed]:
+    """The tree and its placements, ready for ``columns.IndexRows``."""
+    ledger.flush()
+    groups = _Groups(ledger)
+    _resolve_hard_links(ledger, groups, options, summary)
+    tree = Tree(spill)
+    file_members = spill.column("file-members", np.int64)
+    root = ledger.folders[fmt.ROOT_ROW]
+    tree.add_row(fmt.ROOT_ROW, b"", stat.S_IFDIR | root.mode, root.uid, root.gid, 0, root.mtime_ns)
+    children: list[list[int]] = [[] for _ in ledger.folders]
+    for number, folder in enumerate(ledger.folders[1:], start=1):
+        children[folder.parent].append(number)
+    queue = deque([(fmt.ROOT_ROW, fmt.ROOT_ROW, b"")])
+    while queue:
+        folder, row, path = queue.popleft()
+        directory = tree.dirs[row] = Directory(path, len(tree))
+        entries = _entries(ledger, groups, folder, children[folder], path, options, summary)
+        picked = np.array([entry for _, entry in entries if entry >= 0], dtype=np.int64)
+        modes = ledger.columns["mode"].gather(picked)
+        uids, gids, sizes, mtimes = (
+            ledger.columns[name].gather(picked).tolist() for name in ("uid", "gid", "size", "mtime")
+        )
+        links = picked[(modes & fmt.TYPE_MASK) == stat.S_IFLNK]
+        targets = iter(ledger.targets_of(ledger.columns["link"].gather(links)))
+        files: list[int] = []
+        k = 0
+        for name, entry in entries:
+            if entry < 0:
+                sub = ledger.folders[-entry - 1]
+                child = tree.add_row(row, name, stat.S_IFDIR | sub.mode, sub.uid, sub.gid, 0, sub.mtime_ns)
+                queue.append((-entry - 1, child, path + b"/" + name if path else name))
+                continue
+            mode = int(modes[k])
+            added = tree.add_row(row, name, mode, uids[k], gids[k], sizes[k], mtimes[k])
+            if stat.S_ISLNK(mode):
+                tree.add_link(added, next(targets))
+            else:
+                files.append(entry)
+            k += 1
+        directory.count = len(tree) - directory.first
+        file_members.extend(np.array(files, dtype=np.int64))
+    tree.flush()
+    placed = Placed(tree, spill)
+    for start, stop in tree.files.chunks(PLACE_CHUNK):
+        rows = tree.files.read(start, stop).astype(np.int64)
+        chosen = file_members.read(start, stop)
+        values = {name: ledger.columns[name].gather(chosen) for name in PLACED_COLUMNS if name != "placed"}
+        placed.add_many(rows, ledger.columns["size"].gather(chosen), values)
+    return tree, placed
+
+
+def _entries(
+    ledger: Ledger,
+    groups: _Groups,
+    folder: int,
+    subfolders: list[int],
+    path: bytes,
+    options: PackOptions,
+    summary: PackSummary,
+) -> list[tuple[bytes, int]]:
+    """A folder's entries sorted by name: (name, member number), or (name, -1 - folder number)."""
+    members = groups.members(folder)
+    members = members[ledger.columns["mode"].gather(members) != 0]
+    by_name: dict[bytes, int] = {}
+    for name, member in zip(ledger.name_of(members), members.tolist(), strict=True):
+        if name in by_name:
+            log.warning(
+                "%s is in the archive more than once; the last one is kept, as tar x keeps it",
+                show(_join(path, name)),
+            )
+            summary.duplicates += 1
+        by_name[name] = member
+    for number in subfolders:
+        name = ledger.folders[number].name
+        if name in by_name:
+            del by_name[name]
+            fail_or_skip(
+                f"{show(_join(path, name))} is both a folder and a file or symlink in the archive",
+                options,
+                summary,
+                _join(path, name),
+            )
+        by_name[name] = -1 - number
+    return sorted(by_name.items())
+
+
+def _join(path: bytes, name: bytes) -> bytes:
+    return path + b"/" + name if path else name
+
+
+def _folder_path(folders: list[Folder], number: int) -> bytes:
+    parts = []
+    while number != fmt.ROOT_ROW:
+        parts.append(folders[number].name)
+        number = folders[number].parent
+    return b"/".join(reversed(parts))
+
+
+def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, summary: PackSummary) -> None:
+    """Give every hard link its target's bytes and attributes; refuse one whose target the archive
+    did not hold as a file before it."""
+    mode = ledger.columns["mode"]
+    found = [
+        start + np.flatnonzero((mode.read(start, stop) & fmt.TYPE_MASK) == HARDLINK)
+        for start, stop in mode.chunks(PLACE_CHUNK)
+    ]
+    links = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    if not len(links):
+        return
+    parsed = []
+    wanted: dict[int, set[bytes]] = {}
+    for member, target in zip(
+        links.tolist(), ledger.targets_of(ledger.columns["link"].gather(links)), strict=True
+    ):
+        folder_path, _, name = target.rpartition(b"/")
+        folder = ledger.folder_ids.get(folder_path)
+        parsed.append((member, target, folder, name))
+        if folder is not None:
+            wanted.setdefault(folder, set()).add(name)
+    candidates: dict[tuple[int, bytes], list[int]] = {}
+    for folder, names in wanted.items():
+        members = groups.members(folder)
+        for name, member in zip(ledger.name_of(members), members.tolist(), strict=True):
+            if name in names:
+                candidates.setdefault((folder, name), []).append(member)
+    sources: dict[int, int] = {}
+    kinds = dict(zip(links.tolist(), [HARDLINK] * len(links), strict=True))
+    for member, target, folder, name in parsed:
+        earlier = [c for c in candidates.get((folder, name), []) if c < member] if folder is not None else []
+        source = earlier[-1] if earlier else None
+        if source is not None and source in kinds:  # a hard link in its turn: its own source, if it had one
+            source = sources.get(source)
+        if source is not None and source not in kinds:
+            kinds[source] = int(mode.gather(np.array([source]))[0]) & fmt.TYPE_MASK
+        if source is None or kinds[source] != stat.S_IFREG:
+            mine = _join(
+                _folder_path(ledger.folders, int(ledger.columns["parent"].gather(np.array([member]))[0])),
+                ledger.name_of(np.array([member]))[0],
+            )
+            fail_or_skip(
+                f"hard link {show(mine)} points at {show(target)}, which the archive does not hold as a "
+                "file before it",
+                options,
+                summary,
+                mine,
+            )
+            mode.scatter(np.array([member]), np.zeros(1, dtype=np.uint16))
+            continue
+        sources[member] = source
+    if sources:
+        to, source_rows = (
+            np.array(list(sources), dtype=np.int64),
+            np.array(list(sources.values()), dtype=np.int64),
+        )
+        for name in TAKEN:
+            ledger.columns[name].scatter(to, ledger.columns[name].gather(source_rows))

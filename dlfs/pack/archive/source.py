@@ -1,0 +1,212 @@
+"""An archive as a pack source: one sequential pass that writes every member's bytes into the
+shards as it arrives, then the index's rows sorted out of what it recorded.
+
+Members are read on the calling thread (``tar``, ``zip``); their bytes are checksummed, and with
+``--compress`` or ``--transform`` encoded, by the pool in batches, the results written in arrival
+order by ``InOrderShards`` and recorded in the ``Ledger``. A member larger than
+``fmt.WHOLE_PAYLOAD_LIMIT`` is streamed into its shard chunk by chunk. At most
+``pipeline.MAX_INFLIGHT_BYTES`` of members are held at once.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future
+from typing import BinaryIO
+
+import xxhash
+from tqdm import tqdm
+
+from dlfs.core import format as fmt
+from dlfs.pack.archive import members, rows
+from dlfs.pack.archive.ledger import Folder, Ledger
+from dlfs.pack.archive.members import Member, Refused
+from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
+from dlfs.pack.archive.tar import tar_members
+from dlfs.pack.archive.zip import zip_members
+from dlfs.pack.columns import Placed
+from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
+from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
+from dlfs.pack.spill import Spill
+from dlfs.pack.transform import Transform
+from dlfs.pack.walk import Tree
+from dlfs.pack.writers import InOrderShards
+
+#: A member with its bytes (None: a folder, symlink or hard link), as a batch hands it to the pool.
+Item = tuple[Member, bytes | None]
+
+
+def _encode_batch(
+    items: list[bytes | None], compress: bool, transform: Transform | None
+) -> list[Payload | None]:
+    """Encode a batch of members' bytes in one pool task (in a worker process with a transform)."""
+    return [None if data is None else encode(data, compress, transform) for data in items]
+
+
+class Archive:
+    """An archive source, opened: its kind is known and its stream is at its first byte."""
+
+    def __init__(self, source: str) -> None:
+        self.stream = ArchiveStream(source)
+        self.kind = self.stream.kind
+        self.name = self.stream.name
+        if self.stream.file is not None:
+            st = os.fstat(self.stream.file.fileno())
+            uid, gid, mtime_ns = st.st_uid, st.st_gid, st.st_mtime_ns
+        else:
+            uid, gid, mtime_ns = os.geteuid(), os.getegid(), time.time_ns()
+        #: The tree's root, and every folder no member names: as ``tar x`` makes a missing one.
+        self.root = Folder(fmt.ROOT_ROW, b"", 0o755, uid, gid, mtime_ns)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def _members(self, options: PackOptions) -> Iterator[tuple[Member, BinaryIO | None]]:
+        if self.kind == "zip":
+            assert self.stream.file is not None
+            return zip_members(self.stream.file, self.name, self.root.uid, self.root.gid, options.expand_tars)
+        return tar_members(self.stream.stream, self.name, options.expand_tars)
+
+    def pack(
+        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
+    ) -> tuple[Tree, Placed]:
+        """Write every member into ``shards``; the tree and placements for the index."""
+        ledger = Ledger(spill, self.root)
+        writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
+        iterator = self._members(options)
+        with progress_bar(options) as bar:
+            writer.bar = bar
+            while True:
+                with reading(self.name, self.kind):
+                    item = next(iterator, None)
+                if item is None:
+                    break
+                member, data = item
+                if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+                    ledger.symlinks.add(member.path)
+                try:
+                    if member.problem:
+                        raise Refused(member.problem)
+                    ledger.check_path(member.path)
+                except Refused as exc:
+                    fail_or_skip(str(exc), options, summary, member.path)
+                    continue
+                if member.kind == stat.S_IFDIR:
+                    ledger.folder(member)
+                elif member.kind == stat.S_IFREG:
+                    assert data is not None
+                    writer.add_file(member, data)
+                else:
+                    writer.add(member, None)
+            writer.finish_pending()
+            show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
+            with reading(self.name, self.kind):
+                self.stream.drain()
+        return rows.build(ledger, spill, options, summary)
+
+
+class _Writer:
+    """Members in arrival order: batched to the pool for their payloads, then written and recorded
+    in the same order."""
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        pool: Executor,
+        shards: InOrderShards,
+        ledger: Ledger,
+        options: PackOptions,
+        summary: PackSummary,
+    ) -> None:
+        #: The archive's name and kind, for messages about reading it.
+        self.name, self.kind = name, kind
+        self.pool, self.shards, self.ledger = pool, shards, ledger
+        self.options, self.summary = options, summary
+        self.batch: list[Item] = []
+        self.batch_bytes = 0
+        self.window: deque[tuple[list[Member], Future[list[Payload | None]], int]] = deque()
+        self.inflight = 0
+        self.bar: tqdm | None = None
+        self.started = time.monotonic()
+
+    def add_file(self, member: Member, data: BinaryIO) -> None:
+        self.summary.source_bytes += member.size
+        if member.size > fmt.WHOLE_PAYLOAD_LIMIT:
+            self.finish_pending()
+            self._stream(member, data)
+            return
+        with reading(self.name, self.kind):
+            content = checked_read(data, member.size, members.show(member.path), self.name)
+        self.add(member, content)
+
+    def add(self, member: Member, data: bytes | None) -> None:
+        self.batch.append((member, data))
+        self.batch_bytes += len(data) if data else 0
+        if len(self.batch) >= BATCH_FILES or self.batch_bytes >= BATCH_BYTES:
+            self._submit()
+
+    def _submit(self) -> None:
+        if not self.batch:
+            return
+        items, self.batch = self.batch, []
+        future = self.pool.submit(
+            _encode_batch, [data for _, data in items], self.options.compress, self.options.transform
+        )
+        self.window.append(([member for member, _ in items], future, self.batch_bytes))
+        self.inflight += self.batch_bytes
+        self.batch_bytes = 0
+        while self.window and (
+            len(self.window) > 2 * self.options.readers or self.inflight > MAX_INFLIGHT_BYTES
+        ):
+            self._drain_one()
+
+    def finish_pending(self) -> None:
+        """Write and record every member handed over so far."""
+        self._submit()
+        while self.window:
+            self._drain_one()
+
+    def _drain_one(self) -> None:
+        batch, future, charged = self.window.popleft()
+        self.inflight -= charged
+        for member, payload in zip(batch, future.result(), strict=True):
+            if payload is None:
+                self.ledger.add(member)
+                continue
+            shard, offset = self.shards.place(len(payload.stored))
+            self.shards.write(payload.stored)
+            self._record(member, payload, shard, offset, len(payload.stored))
+
+    def _stream(self, member: Member, data: BinaryIO) -> None:
+        """Copy a large member into its shard chunk by chunk, hashing as it goes."""
+        shard, offset = self.shards.place(member.size)
+        hasher = xxhash.xxh3_64()
+        left = member.size
+        while left:
+            with reading(self.name, self.kind):
+                chunk = data.read(min(left, STREAM_CHUNK))
+                if not chunk:
+                    raise EOFError(f"member {members.show(member.path)} is cut short")
+            hasher.update(chunk)
+            self.shards.write(chunk)
+            left -= len(chunk)
+        self._record(member, Payload(b"", 0, member.size, hasher.intdigest()), shard, offset, member.size)
+
+    def _record(self, member: Member, payload: Payload, shard: int, offset: int, stored: int) -> None:
+        self.ledger.add(member, payload, shard, offset, stored)
+        self.summary.compressed_files += bool(payload.flags & fmt.FLAG_LZ4)
+        if self.options.transform is not None:
+            if payload.kept is None:
+                self.summary.transformed_files += 1
+            else:
+                kept = self.summary.kept_files
+                kept[payload.kept.value] = kept.get(payload.kept.value, 0) + 1
+        if self.bar is not None:
+            self.bar.update(payload.size)
+            if len(self.ledger) % PROGRESS_EVERY == 0:
+                show_files(self.bar, len(self.ledger), self.started)

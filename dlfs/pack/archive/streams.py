@@ -1,0 +1,330 @@
+"""An archive's bytes as one sequential stream: the source file or standard input, its kind told
+by its first bytes (never its name), compressed kinds decompressed on the fly.
+
+Every failure to read or decompress the source becomes a ``PackError`` that names the source and
+the kind (``reading``): a corrupt gzip stream or a cut download says so in one line.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import queue
+import sys
+import tarfile
+import threading
+import zipfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import BinaryIO
+
+import zstandard
+
+from dlfs.core.errors import PackError
+
+#: Bytes sniffed: a tar header's magic sits at 257.
+SNIFF = 512
+#: Bytes read from a stream at a time (more where a member's data asks for more).
+CHUNK = 1 << 20
+#: Chunks read ahead of the pack (``ReadAhead``).
+AHEAD = 16
+#: Kinds by their first bytes.
+MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+    b"PK\x05\x06": "zip",
+}
+#: What a decompressor or a reader raises on bytes that are not what they claim.
+CORRUPT = (
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    zstandard.ZstdError,
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    ValueError,
+    UnicodeError,
+    OverflowError,
+)
+
+
+class Source:
+    """A forward-only stream read in chunks of CHUNK: what the tar reader parses. Headers and small
+    members are slices of one buffer, a large read goes to the stream whole, so a member costs a few
+    calls whatever its size (``tarfile``'s own stream reads 10 KiB at a time and copies its buffer
+    on every read). ``position`` is the offset of the next byte in the stream."""
+
+    def __init__(self, inner: BinaryIO, prefix: bytes = b"") -> None:
+        self.inner = inner
+        self.buffer = prefix
+        self.at = 0
+        self.position = 0
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, count: int = -1) -> bytes:
+        """``count`` bytes (all that are left: -1), fewer only at the end of the stream."""
+        if count < 0:
+            count = 1 << 62
+        held = len(self.buffer) - self.at
+        if held >= count:
+            out = self.buffer[self.at : self.at + count]
+            self.at += count
+            self.position += count
+            return out
+        parts = [self.buffer[self.at :]] if held else []
+        need = count - held
+        self.buffer, self.at = b"", 0
+        while need > 0:
+            chunk = self.inner.read(max(need, CHUNK) if need < CHUNK else need)
+            if not chunk:
+                break
+            if len(chunk) > need:
+                parts.append(chunk[:need])
+                self.buffer, self.at = chunk, need
+                need = 0
+            else:
+                parts.append(chunk)
+                need -= len(chunk)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.position += len(out)
+        return out
+
+    def skip_to(self, offset: int) -> None:
+        """Read on to ``offset`` (or the end of the stream)."""
+        while self.position < offset and self.read(min(offset - self.position, CHUNK)):
+            pass
+
+
+class ReadAhead:
+    """A stream read by a thread of its own, up to AHEAD chunks of CHUNK ahead of the reader: the
+    disk (and a decompressor, which releases the GIL) work while the pack parses and writes. What
+    the thread meets (the end, an error) reaches the reader in order."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        self.inner = inner
+        self.chunks: queue.Queue[bytes | BaseException] = queue.Queue(AHEAD)
+        self.current = b""
+        self.at = 0
+        self.done = False
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="dlfs-pack-read", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                chunk = self.inner.read(CHUNK)
+                self._put(chunk)
+                if not chunk:
+                    return
+        except BaseException as exc:  # handed to the reader, which raises it
+            self._put(exc)
+
+    def _put(self, item: bytes | BaseException) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.chunks.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def read(self, count: int) -> bytes:
+        """Up to ``count`` bytes: what is left of the current chunk, or the next one."""
+        if self.at >= len(self.current):
+            if self.done:
+                return b""
+            item = self.chunks.get()
+            if isinstance(item, BaseException):
+                self.done = True
+                raise item
+            self.current, self.at = item, 0
+            if not item:
+                self.done = True
+                return b""
+        out = (
+            self.current[self.at : self.at + count] if self.at or count < len(self.current) else self.current
+        )
+        self.at += len(out)
+        return out
+
+    def close(self) -> None:
+        """Stop the thread (it ends after the read it is in: a read from a pipe may wait)."""
+        self.stopping.set()
+        self.thread.join(timeout=1)
+
+
+class Bounded:
+    """The next ``size`` bytes of a ``Source``, as a file to read: one member's data."""
+
+    def __init__(self, source: Source, size: int) -> None:
+        self.source = source
+        self.left = size
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.left if count < 0 else min(count, self.left)
+        out = self.source.read(count)
+        self.left -= len(out)
+        return out
+
+
+def checked_read(data: BinaryIO, size: int, member: str, name: str) -> bytes:
+    """All of a member's bytes, which must be as many as its header says."""
+    out = data.read(size + 1)
+    if len(out) != size:
+        raise PackError(
+            f"{name}: member {member} holds {len(out):,} bytes where the archive says {size:,}; "
+            "it is damaged or cut short (download it again)"
+        )
+    return out
+
+
+def _read_exactly(stream: BinaryIO, count: int) -> bytes:
+    chunks = []
+    while count > 0:
+        chunk = stream.read(count)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def sniff(head: bytes) -> str:
+    """The kind of an archive from its first bytes: one of MAGIC's, or ``tar``; "" if neither."""
+    for magic, kind in MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    if len(head) >= SNIFF and (_is_tar_header(head[:SNIFF]) or not head[:SNIFF].strip(b"\0")):
+        return "tar"  # a header, or the end-of-archive marker of an empty tar
+    return ""
+
+
+def _is_tar_header(block: bytes) -> bool:
+    """A ustar, GNU or old (v7) header: its checksum field matches its bytes."""
+    try:
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return False
+    return True
+
+
+def _decompressed(kind: str, raw: BinaryIO) -> BinaryIO:
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if kind == "bzip2":
+        return bz2.BZ2File(raw)  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.LZMAFile(raw)  # type: ignore[return-value]
+    if kind == "zstd":
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
+    return raw
+
+
+@contextmanager
+def reading(source: str, kind: str) -> Iterator[None]:
+    """Turn a failure to read or decode the source into one line that says what to do."""
+    try:
+        yield
+    except CORRUPT as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise PackError(
+            f"cannot read {source} as {kind}: {detail}; the archive is damaged or cut short "
+            "(download it again)"
+        ) from None
+
+
+class ArchiveStream:
+    """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
+    bytes as a ``Source``; a zip is read from its file (its directory is at its end)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.file: BinaryIO | None = None
+        self.ahead: ReadAhead | None = None
+        if source == "-":
+            # Unbuffered: a read returns what the pipe holds, not once a whole chunk has come.
+            raw: BinaryIO = sys.stdin.buffer.raw  # type: ignore[attr-defined]
+            self.name = "standard input"
+        else:
+            try:
+                raw = self.file = open(source, "rb", buffering=0)  # closed by close()
+            except OSError as exc:
+                raise PackError(f"cannot open {source}: {exc.strerror}") from None
+            self.name = source
+        try:
+            head = _read_exactly(raw, SNIFF)
+            compression = sniff(head)
+            if compression == "zip":
+                if self.file is None:
+                    raise PackError(
+                        "a zip cannot be read from standard input (its directory is at its end); "
+                        "save it to a file and pack that"
+                    )
+                self.kind = "zip"
+                return
+            if not compression:
+                raise PackError(
+                    f"{self.name} is neither a directory nor an archive dlfs reads "
+                    "(tar, tar.gz, tar.zst, tar.xz, tar.bz2, zip)"
+                )
+            self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
+            if compression == "tar":
+                self.ahead = ReadAhead(raw)
+                self.stream = Source(self.ahead, head)  # type: ignore[arg-type]
+                return
+            inner = _decompressed(compression, _Prefixed(head, raw))
+            with reading(self.name, self.kind):
+                first = _read_exactly(inner, SNIFF)
+            if sniff(first) != "tar":
+                raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
+            self.ahead = ReadAhead(inner)
+            self.stream = Source(self.ahead, first)  # type: ignore[arg-type]
+        except BaseException:
+            self.close()
+            raise
+
+    def drain(self) -> None:
+        """Read a tar's stream to its end: a compressed stream's checksum comes last, after the
+        padding that follows tar's end-of-archive marker."""
+        if self.kind != "zip":
+            while self.stream.read(CHUNK):
+                pass
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+        if self.file is not None:
+            self.file.close()
+
+
+_SUFFIX = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zstd": "zst"}
+
+
+class _Prefixed(io.RawIOBase):
+    """The bytes sniffed, then the rest of the stream: what a decompressor reads."""
+
+    def __init__(self, prefix: bytes, inner: BinaryIO) -> None:
+        self.prefix = prefix
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer).cast("B")
+        if self.prefix:
+            got = min(len(self.prefix), len(view))
+            view[:got], self.prefix = self.prefix[:got], self.prefix[got:]
+            return got
+        data = self.inner.read(len(view))
+        view[: len(data)] = data
+        return len(data)

@@ -1,0 +1,244 @@
+"""Tar members, read in one pass over a stream: Python's ``tarfile`` parses the headers (ustar,
+GNU, pax; long and non-UTF-8 names, pax nanosecond mtimes, base-256 sizes, GNU sparse maps), and
+the member bytes are read from the stream directly (``streams.Source``), which costs a few calls a
+member where ``TarFile``'s own member files cost dozens.
+
+With ``expand``, a member ``NAME.tar`` is read as a tar in its turn, on the same pass, and becomes
+the folder ``NAME`` holding its members; its members' offsets are offsets in the outermost
+stream, and they stay contiguous while every tar around them is.
+
+A tar ends with a zero block. A stream that ends before one, or a header cut short, is a truncated
+archive; a damaged header past the first is an error too (``tarfile.TarFile`` stops quietly at
+either, as if the archive had ended there).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from typing import Protocol
+
+from dlfs.core.errors import PackError
+from dlfs.pack.archive import members
+from dlfs.pack.archive.members import HARDLINK, Member, Refused
+from dlfs.pack.archive.streams import Bounded, Source
+
+log = logging.getLogger(__name__)
+
+
+class Readable(Protocol):
+    def read(self, count: int = -1) -> bytes: ...
+
+
+#: A member's data, read as it is consumed; None for members without data.
+Data = Readable | None
+
+
+def _number(field: bytes) -> int:
+    """A header's number field as ``tarfile.nti`` reads it, without its string round trip."""
+    if field[0] in (0o200, 0o377):
+        return tarfile.nti(field)
+    end = field.find(b"\0")
+    digits = (field if end < 0 else field[:end]).strip()
+    return int(digits, 8) if digits else 0
+
+
+class Header(tarfile.TarInfo):
+    """``TarInfo`` with a faster ``frombuf`` for the common header (checksum and numbers in
+    octal; not an old GNU sparse header), without ``tarfile``'s string round trip per number field,
+    the larger part of a tiny member's cost. Anything else goes to ``tarfile``'s own, which raises
+    its own errors; the two agree on every header (``tests/pack/test_archive_fuzz.py``)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def frombuf(cls, buf: bytes, encoding: str, errors: str) -> tarfile.TarInfo:
+        if len(buf) != tarfile.BLOCKSIZE or buf[156:157] == tarfile.GNUTYPE_SPARSE:
+            return super().frombuf(buf, encoding, errors)
+        try:
+            chksum = _number(buf[148:156])
+            if chksum != 256 + sum(buf[:148]) + sum(buf[156:]):
+                return super().frombuf(buf, encoding, errors)  # a signed sum, or a bad header
+            mode, uid, gid, size, mtime, devmajor, devminor = map(
+                _number,
+                (
+                    buf[100:108],
+                    buf[108:116],
+                    buf[116:124],
+                    buf[124:136],
+                    buf[136:148],
+                    buf[329:337],
+                    buf[337:345],
+                ),
+            )
+        except ValueError:
+            return super().frombuf(buf, encoding, errors)
+        obj = cls()
+        obj.name = tarfile.nts(buf[0:100], encoding, errors)
+        obj.mode, obj.uid, obj.gid, obj.size, obj.mtime, obj.chksum = mode, uid, gid, size, mtime, chksum
+        obj.type = buf[156:157]
+        obj.linkname = tarfile.nts(buf[157:257], encoding, errors)
+        obj.uname = tarfile.nts(buf[265:297], encoding, errors)
+        obj.gname = tarfile.nts(buf[297:329], encoding, errors)
+        obj.devmajor, obj.devminor = devmajor, devminor
+        prefix = tarfile.nts(buf[345:500], encoding, errors)
+        if obj.type == tarfile.AREGTYPE and obj.name.endswith("/"):
+            obj.type = tarfile.DIRTYPE
+        if obj.isdir():
+            obj.name = obj.name.rstrip("/")
+        if prefix and obj.type not in tarfile.GNU_TYPES:
+            obj.name = prefix + "/" + obj.name
+        return obj
+
+
+class _Headers:
+    """What ``tarfile.TarInfo.fromtarfile`` reads headers through: the stream, where the next
+    header starts (``offset``), the name encoding, and the pax global headers met so far."""
+
+    encoding = "utf-8"
+    errors = "surrogateescape"
+
+    def __init__(self, fileobj: Source) -> None:
+        self.fileobj = fileobj
+        self.offset = 0
+        self.pax_headers: dict[str, str] = {}
+
+
+def tar_members(
+    stream: Source, name: str, expand: bool, prefix: bytes = b"", base: int = 0, contiguous: bool = True
+) -> Iterator[tuple[Member, Data]]:
+    """Every member of the tar in ``stream`` (``name`` for messages), its path under ``prefix``,
+    each with its data to read before the next is asked for."""
+    headers = _Headers(stream)
+    while True:
+        stream.skip_to(headers.offset)
+        info = _next_header(headers, name)
+        if info is None:
+            return
+        member = _member(info, prefix, base, contiguous and not info.issparse())
+        if member is None:
+            continue
+        data = _data(info, stream) if member.kind == stat.S_IFREG else None
+        if expand and data is not None and not member.problem and member.path.endswith(b".tar"):
+            folder = member.path[: -len(b".tar")]
+            yield members.folder_of(member, folder), None
+            inner = Source(data)  # type: ignore[arg-type]
+            label = f"{name}: {members.show(member.path)}"
+            yield from tar_members(inner, label, expand, folder, member.offset, member.contiguous)
+            continue
+        yield member, data
+
+
+def _next_header(headers: _Headers, name: str) -> tarfile.TarInfo | None:
+    """The next member's header; None at the end-of-archive marker."""
+    at = headers.offset
+    try:
+        return Header.fromtarfile(headers)  # type: ignore[arg-type]
+    except tarfile.EOFHeaderError:
+        return None
+    except (tarfile.EmptyHeaderError, tarfile.TruncatedHeaderError):
+        raise PackError(
+            f"{name} ends without tar's end-of-archive marker: it is cut short (download it again)"
+        ) from None
+    except tarfile.HeaderError as exc:
+        if at == 0:
+            raise PackError(
+                f"{name} is not a tar ({exc}); pack without --expand-tars to keep it a file"
+            ) from None
+        raise PackError(f"{name} has a damaged header at byte {at:,} ({exc}); download it again") from None
+
+
+def _data(info: tarfile.TarInfo, stream: Source) -> Readable:
+    """A regular member's bytes: the stream itself, or a sparse file's holes filled in."""
+    if info.sparse is None:
+        return Bounded(stream, info.size)
+    return _Sparse(stream, info.sparse, info.size)
+
+
+class _Sparse:
+    """A GNU sparse member read whole: its stored runs at their offsets, zeros between."""
+
+    def __init__(self, stream: Source, runs: list[tuple[int, int]], size: int) -> None:
+        self.stream = stream
+        self.runs = list(runs)
+        self.size = size
+        self.position = 0
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.size - self.position if count < 0 else min(count, self.size - self.position)
+        parts: list[bytes] = []
+        while count > 0:
+            if self.runs and self.runs[0][0] <= self.position:
+                start, length = self.runs[0]
+                end = start + length
+                take = min(count, end - self.position)
+                data = self.stream.read(take) if take > 0 else b""
+                if take > 0 and len(data) < take:
+                    break  # cut short: the caller sees fewer bytes than asked for
+                parts.append(data)
+                self.position += len(data)
+                count -= len(data)
+                if self.position >= end:
+                    self.runs.pop(0)
+                continue
+            hole_end = self.runs[0][0] if self.runs else self.size
+            take = min(count, hole_end - self.position)
+            if take <= 0:
+                break  # a damaged map (runs out of order): the caller sees a short read
+            parts.append(bytes(take))
+            self.position += take
+            count -= take
+        return b"".join(parts)
+
+
+def _member(info: tarfile.TarInfo, prefix: bytes, base: int, contiguous: bool) -> Member | None:
+    """The member ``info`` describes, under ``prefix``; None for a device or FIFO (left out, as
+    the directory walk leaves them)."""
+    if info.ischr() or info.isblk() or info.isfifo():
+        log.warning("skipping special file %s", info.name)
+        return None
+    raw = os.fsencode(info.name)
+    kind = (
+        stat.S_IFDIR
+        if info.isdir()
+        else stat.S_IFLNK
+        if info.issym()
+        else HARDLINK
+        if info.islnk()
+        else stat.S_IFREG
+    )
+    member = Member(
+        b"",
+        kind,
+        members.permissions(info.mode),
+        info.uid,
+        info.gid,
+        members.mtime_ns(info.mtime, info.pax_headers.get("mtime")),
+        info.size if kind == stat.S_IFREG else 0,
+        offset=base + info.offset_data,
+        contiguous=contiguous,
+    )
+    try:
+        path = members.normalize(raw)
+        if raw.startswith(b"/"):
+            log.warning("removing the leading '/' from member %s", members.show(raw))
+        if kind == stat.S_IFLNK:
+            member.target = os.fsencode(info.linkname)
+            members.check_symlink(path, member.target)
+        elif kind == HARDLINK:
+            member.target = _join(prefix, members.normalize(os.fsencode(info.linkname)))
+        members.check_owner(path, info.uid, info.gid)
+        if not path and kind != stat.S_IFDIR:
+            raise Refused(f"member {info.name!r} names the root of the tree but is not a directory")
+    except Refused as exc:
+        member.problem = str(exc)
+        path = raw
+    member.path = _join(prefix, path)
+    return member
+
+
+def _join(prefix: bytes, path: bytes) -> bytes:
+    return prefix + b"/" + path if prefix and path else prefix or path
