@@ -14,7 +14,7 @@ NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
 NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
 	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h
 
-# The checkout's venv with every extra: the FUSE daemon's (mount), s3, torch, bench, and the tests'
+# The checkout's venv with every extra: the FUSE daemon's (mount), s3, zstd, torch, bench, and the tests'
 # and benchmarks' tooling (test). It changes nothing outside the checkout.
 install: $(STAMP) $(NATIVE)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python tools/build_pyfuse3.py
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mount,s3,torch,bench,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mount,s3,zstd,torch,bench,test]'
 	touch $@
 
 # Only when asked, as root: the system's places for dlfs (README, Operations), /usr/local/bin/dlfs,

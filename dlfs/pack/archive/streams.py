@@ -22,7 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
 
-import zstandard
+try:  # the zstd extra: only a .tar.zst needs it (the standard library reads zstd from Python 3.14)
+    import zstandard
+except ImportError:
+    zstandard = None  # type: ignore[assignment]
 
 from dlfs.core.errors import PackError
 
@@ -49,12 +52,12 @@ CORRUPT = (
     EOFError,
     zlib.error,
     lzma.LZMAError,
-    zstandard.ZstdError,
     tarfile.TarError,
     zipfile.BadZipFile,
     ValueError,
     UnicodeError,
     OverflowError,
+    *((zstandard.ZstdError,) if zstandard is not None else ()),
 )
 
 
@@ -261,6 +264,11 @@ def _decompressed(kind: str, raw: BinaryIO) -> BinaryIO:
     if kind == "xz":
         return lzma.LZMAFile(raw)  # type: ignore[return-value]
     if kind == "zstd":
+        if zstandard is None:
+            raise PackError(
+                "the source is a zstd-compressed tar, which needs zstandard: "
+                "pip install 'dlfs-data[zstd]' (make install installs it)"
+            )
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)  # type: ignore[return-value]
     return raw
 
