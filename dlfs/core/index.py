@@ -161,7 +161,11 @@ class Index:
                 self.shard_names, self.shard_archive, self.shard_base, self.shard_sizes, strict=True
             )
         ]
-        return ArchiveStore(self.archives, windows, random_access)
+        root = getattr(store, "root", None)
+        if root is None:
+            raise ShardError(f"{store.url} holds an in-place index, which only a local directory may hold")
+        owner = os.stat(Path(root) / fmt.INDEX_NAME).st_uid
+        return ArchiveStore(self.archives, windows, owner, random_access)
 
     def check_shards(self, store: Store) -> None:
         """Refuse a dataset whose shards are missing, truncated or from another pack run.

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import stat
 import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
@@ -264,7 +265,7 @@ def test_shuffled_readers_get_every_byte_from_the_c_threads(tmp_path: Path) -> N
     assert native["answered"]["read"] >= len(paths) // 2, native
 
 
-@pytest.mark.parametrize("kind", ["fifo", "directory"])
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
 def test_an_archive_path_that_is_not_a_regular_file_is_refused_at_mount(tmp_path: Path, kind: str) -> None:
     """The index names files the daemon opens: one that is not a regular file is refused (a FIFO
     without hanging the mount)."""
@@ -274,11 +275,31 @@ def test_an_archive_path_that_is_not_a_regular_file_is_refused_at_mount(tmp_path
     tar.unlink()
     if kind == "fifo":
         os.mkfifo(tar)
+    elif kind == "device":  # a device's open is an action (a watchdog arms): it is never opened
+        os.mknod(tar, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     else:
         tar.mkdir()
     (tmp_path / "mnt").mkdir()
     result = dlfs("mount", tmp_path / "dst", tmp_path / "mnt", check=False, timeout=60)
     assert_one_line_error(result, str(tar), "not a regular file")
+
+
+def test_an_archive_the_index_owner_could_not_read_is_refused_at_mount(tmp_path: Path) -> None:
+    """Checksums are no secret: an index naming a file of another user's would learn it byte by
+    byte from which rows read. The archive must be the index owner's, or readable by every user."""
+    write_shards(tmp_path / "shards", shards=1, samples=2)
+    tar = tmp_path / "shards" / "shard-000000.tar"
+    tar.chmod(0o640)
+    dlfs("pack", "--in-place", tar, tmp_path / "dst")
+    indexed = tar.stat()
+    os.chown(tar, 4321, indexed.st_gid)
+    os.utime(tar, ns=(indexed.st_atime_ns, indexed.st_mtime_ns))  # the file indexed, but another's
+    (tmp_path / "mnt").mkdir()
+    result = dlfs("mount", tmp_path / "dst", tmp_path / "mnt", check=False, timeout=60)
+    assert_one_line_error(result, str(tar), "belongs to uid 4321", "re-run dlfs pack --in-place")
+    tar.chmod(0o644)
+    with mounted(tmp_path / "dst", tmp_path / "mnt2") as mnt:  # readable by every user: served
+        assert sum(1 for p in mnt.rglob("*") if p.is_file()) == 4
 
 
 @pytest.mark.parametrize("name", ["gnu.tar", "tarfile.tar"])

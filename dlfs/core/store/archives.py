@@ -7,12 +7,14 @@ readers take the archive's descriptor and add the base themselves (``Index.shard
 What a mount trusts. The index is input too, and it names files the daemon will open. So every path
 must be absolute and normalised (``format.is_archive_path``, checked at load), and here each is
 opened once, at mount, and refused unless it is a regular file with the size and mtime recorded when
-it was indexed. Every later descriptor is a reopening of that same open file (through
-``/proc/self/fd``), so a path replaced after the check changes nothing that is read. The index
-cannot make the mount serve a byte it does not already know: every file is checked against the
-checksum recorded while indexing, so a byte changed later (or a crafted index pointing at a file
-it has no checksums of) reads as EIO. What remains is that a mount opens, with the daemon's own
-rights, regular files an index names, and learns whether their size and mtime match.
+it was indexed. A path is first opened with ``O_PATH``, which opens nothing behind it (a device
+node's open is an action), and read only once it is known to be a regular file; every later
+descriptor is a reopening of that same file (through ``/proc/self/fd``), so a path replaced after
+the check changes nothing that is read. Every file is checked against the checksum recorded while
+indexing, so a byte changed later reads as EIO. Checksums are no secret, though: an index that
+names a file with one-byte rows and every possible checksum would learn the file byte by byte
+from which rows read. So an archive is served only if the owner of the index could read it
+anyway: it belongs to that owner, or every user may read it.
 """
 
 from __future__ import annotations
@@ -36,22 +38,37 @@ def identity(path: str) -> dict[str, Any]:
     return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def open_archive(archive: dict[str, Any]) -> int:
+def open_archive(archive: dict[str, Any], owner: int) -> int:
     """A descriptor of the archive an index names, or ``ShardError`` in one line when it is
-    missing, not a regular file, or not the file that was indexed."""
+    missing, not a regular file, not the file that was indexed, or one that ``owner`` (the index
+    file's owner) could not read."""
     path = archive["path"]
     try:
-        # O_NONBLOCK: a FIFO at the path must not hang the mount; a regular file ignores it.
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+        found = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ShardError(f"archive {path} is missing; restore it or {AGAIN}") from None
     except OSError as exc:
         raise ShardError(f"cannot open archive {path}: {exc.strerror}") from None
+    try:
+        st = os.fstat(found)
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardError(
+                f"{path} is not a regular file; an in-place dataset reads only the tar files it indexed"
+            )
+        if st.st_uid != owner and not st.st_mode & stat.S_IROTH:
+            raise ShardError(
+                f"archive {path} belongs to uid {st.st_uid} and is not readable by others, but the index "
+                f"belongs to uid {owner}; {AGAIN} as the archive's owner, or make it readable"
+            )
+        try:
+            fd = os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as exc:
+            raise ShardError(f"cannot open archive {path}: {exc.strerror}") from None
+    finally:
+        os.close(found)
     st = os.fstat(fd)
     problem = ""
-    if not stat.S_ISREG(st.st_mode):
-        problem = f"{path} is not a regular file; an in-place dataset reads only the tar files it indexed"
-    elif st.st_size != archive["size"] or st.st_mtime_ns != archive["mtime_ns"]:
+    if st.st_size != archive["size"] or st.st_mtime_ns != archive["mtime_ns"]:
         problem = (
             f"archive {path} has changed since it was indexed ({st.st_size} bytes, mtime "
             f"{st.st_mtime_ns} ns; indexed: {archive['size']} bytes, mtime {archive['mtime_ns']} ns); {AGAIN}"
@@ -86,10 +103,11 @@ class ArchiveStore(LocalStore):
         self,
         archives: list[dict[str, Any]],
         windows: list[tuple[str, int, int, int]],
+        owner: int,
         random_access: bool = False,
     ) -> None:
-        """``windows``: (shard name, archive number, base, size) of each shard. Every archive is
-        opened and checked here (``open_archive``)."""
+        """``windows``: (shard name, archive number, base, size) of each shard; ``owner``: the uid
+        of the index file. Every archive is opened and checked here (``open_archive``)."""
         super().__init__("/", random_access, durable=False)
         self.url = ", ".join(archive["path"] for archive in archives)
         self._paths = [archive["path"] for archive in archives]
@@ -98,7 +116,7 @@ class ArchiveStore(LocalStore):
         allow_descriptors(len(archives) + 2 * len(windows))
         try:
             for archive in archives:
-                self._checked.append(open_archive(archive))
+                self._checked.append(open_archive(archive, owner))
         except BaseException:
             self.close()
             raise
