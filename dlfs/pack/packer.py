@@ -27,6 +27,7 @@ from typing import Any
 from dlfs import __version__
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
+from dlfs.core.interpreter import safe_path_children
 from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
 from dlfs.pack import images
 from dlfs.pack.archive.in_place import ArchiveWindows, InPlace
@@ -215,7 +216,10 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
         return
     workers = max(1, min(options.readers, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool:
+    with (
+        safe_path_children(),
+        ProcessPoolExecutor(workers, mp_context=context, initializer=images.use_fastest_codec) as pool,
+    ):
         summary.transform = options.transform.spec
         try:
             summary.codec = pool.submit(images.codec_version).result()

@@ -1,5 +1,5 @@
-"""What a mount daemon trusts: its own installed package, never a module lying in the directory the
-mount was started from (``dlfs.core.interpreter``); and a mount whose C paths cannot run says so on
+"""What dlfs's processes trust: their own installed package, never a module lying in the directory
+a command was started from (``dlfs.core.interpreter``); and a mount whose C paths cannot run says so on
 the terminal, where the user sees it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLANTED, dlfs, mount_pid, mounted, plant, unmount_and_reap
+from conftest import PLANTED, TOOLS, dlfs, mount_pid, mounted, plant, tool, unmount_and_reap
 from netshape import DelayProxy
 
 import dlfs as package
@@ -80,3 +80,14 @@ def test_dlfs_bench_starts_its_dlfs_peer_with_safe_path() -> None:
     for template in (dlfs_peer.build, dlfs_peer.mount):
         command = dlfs_peer.command(template, Path("src"), Path("image"), Path("mnt"))
         assert command[:4] == [sys.executable, "-P", "-m", "dlfs.cli"], command
+
+
+def test_transform_workers_never_import_code_from_the_current_directory(tmp_path: Path) -> None:
+    """``--transform``'s worker processes are started by multiprocessing's spawn, as ``python -c``,
+    which puts the current directory first: a planted ``multiprocessing.py`` would run there."""
+    src = tmp_path / "src"
+    tool(TOOLS / "make_imagenet_like.py", src, "--files", "4", "--classes", "1", "--payload", "jpeg")
+    here = tmp_path / "here"
+    marker = plant(here, "multiprocessing.py")
+    dlfs("pack", src, tmp_path / "dst", "--transform", "resize:64", cwd=here)
+    assert not marker.exists()

@@ -218,6 +218,16 @@ def test_without_expand_tars_a_member_tar_stays_a_file(tmp_path: Path) -> None:
         assert (mnt / "inner.tar").read_bytes() == inner
 
 
+def test_a_member_named_only_dot_tar_stays_a_file_with_expand_tars(tmp_path: Path) -> None:
+    """``.tar`` alone names no folder: expanding it would give a folder with an empty name."""
+    inner = tar_bytes([("x.txt", b"x")])
+    archive = write_tar(tmp_path / "a.tar", [("d/.tar", inner), (".tar", inner)])
+    dst = tmp_path / "dst"
+    dlfs("pack", archive, dst, "--expand-tars")
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        assert (mnt / "d" / ".tar").read_bytes() == inner and (mnt / ".tar").read_bytes() == inner
+
+
 # Bad input ------------------------------------------------------------------------------------
 
 

@@ -241,7 +241,7 @@ def _tars_in(folder: Path) -> list[str]:
     """The ``.tar`` files of a folder of WebDataset shards, by name; anything else is refused."""
     found = sorted(os.scandir(folder), key=lambda entry: os.fsencode(entry.name))
     for entry in found:
-        if not (entry.name.endswith(TAR_SUFFIX) and entry.is_file()):
+        if not (members.expanded_folder(os.fsencode(entry.name)) and entry.is_file()):
             raise PackError(
                 f"{folder} holds {entry.name}, which is not a .tar file; --in-place takes a tar or a folder "
                 "of .tar files (WebDataset shards)"

@@ -100,6 +100,13 @@ def folder_mode(mode: int) -> int:
     return perms | ((perms & 0o444) >> 2)
 
 
+def expanded_folder(path: bytes) -> bytes | None:
+    """The folder ``--expand-tars`` makes of a member ``NAME.tar`` (``NAME``), or None for any
+    other name: ``.tar`` alone would leave a folder with an empty name."""
+    name = path.rpartition(b"/")[2]
+    return path[: -len(b".tar")] if len(name) > len(b".tar") and name.endswith(b".tar") else None
+
+
 def folder_of(member: Member, path: bytes) -> Member:
     """The folder ``path`` that an archive member (``NAME.tar``) becomes."""
     return Member(

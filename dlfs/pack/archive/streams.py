@@ -28,6 +28,7 @@ except ImportError:
     zstandard = None  # type: ignore[assignment]
 
 from dlfs.core.errors import PackError
+from dlfs.pack.interruption import block_in_thread
 
 #: Bytes sniffed: a tar header's magic sits at 257.
 SNIFF = 512
@@ -153,6 +154,7 @@ class ReadAhead:
         self.thread.start()
 
     def _run(self) -> None:
+        block_in_thread()  # Ctrl-C goes to the main thread, which then stops this one
         try:
             while not self.stopping.is_set():
                 chunk = self.inner.read(CHUNK)

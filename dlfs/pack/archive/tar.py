@@ -122,8 +122,8 @@ def tar_members(
         if member is None:
             continue
         data = _data(info, stream) if member.kind == stat.S_IFREG else None
-        if expand and data is not None and not member.problem and member.path.endswith(b".tar"):
-            folder = member.path[: -len(b".tar")]
+        folder = members.expanded_folder(member.path) if expand else None
+        if folder is not None and data is not None and not member.problem:
             yield members.folder_of(member, folder), None
             inner = Source(data)  # type: ignore[arg-type]
             label = f"{name}: {members.show(member.path)}"

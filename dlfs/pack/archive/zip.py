@@ -17,6 +17,7 @@ import zipfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import Member, Refused
@@ -62,15 +63,18 @@ def zip_members(
                 raise PackError(
                     f"{name}: member {info.filename}: {exc}; unzip it and pack the folder"
                 ) from None
+            folder = members.expanded_folder(member.path) if expand else None
             if member.kind == stat.S_IFLNK:
-                member.target = checked_read(data, info.file_size, info.filename, name)
-                try:
-                    members.check_symlink(member.path, member.target)
-                except Refused as exc:
-                    member.problem = str(exc)
+                if info.file_size > fmt.LINK_MAX:  # never read a "target" of any size into memory
+                    member.problem = f"symlink {members.show(member.path)} has an overlong target"
+                else:
+                    member.target = checked_read(data, info.file_size, info.filename, name)
+                    try:
+                        members.check_symlink(member.path, member.target)
+                    except Refused as exc:
+                        member.problem = str(exc)
                 yield member, None
-            elif expand and member.path.endswith(b".tar"):
-                folder = member.path[: -len(b".tar")]
+            elif folder is not None:
                 yield members.folder_of(member, folder), None
                 yield from tar_members(
                     Source(data), f"{name}: {info.filename}", True, folder, member.offset, member.contiguous
