@@ -61,7 +61,8 @@ class ControlTree:
         self.index = index
         self.spec = spec
         self._stats = stats
-        self._lock = threading.Lock()
+        # Reentrant: an order's sequence (made under it) asks for its file set, also under it.
+        self._lock = threading.RLock()
         self.root = index.count + 1
         self.order_dir = self.root + 1
         self.config_file = self.root + 3
@@ -71,7 +72,9 @@ class ControlTree:
         self._order_keys: dict[OrderKey, int] = {}
         #: Each order file's key, and the file set it is made over (kept here: the set may be
         #: forgotten by ``Announced`` while the order file is still read).
-        self._order_inodes: list[tuple[OrderKey, FileSet | None]] = []
+        #: Each order name looked up, by inode. A key names its file set by digest only: the sets
+        #: themselves stay bounded in ``Announced`` however many names are looked up.
+        self._order_inodes: list[OrderKey] = []
         self._announced: Announced | None = None
         self._set_inodes: dict[str, int] = {}
         self._set_digests: dict[int, str] = {}
@@ -134,16 +137,19 @@ class ControlTree:
         key = parse_order_name(name)
         if key is None:
             return None
+        if key.fileset is not None and self._fileset(key) is None:
+            return None  # never announced, or forgotten since: the sampler announces it again
         if key not in self._order_keys:
-            fileset = None
-            if key.fileset is not None:
-                with self._lock:
-                    fileset = self.announced().get(key.fileset)
-                if fileset is None:
-                    return None
             self._order_keys[key] = self._first_order + len(self._order_inodes)
-            self._order_inodes.append((key, fileset))
+            self._order_inodes.append(key)
         return self._order_keys[key]
+
+    def _fileset(self, key: OrderKey) -> FileSet | None:
+        """The announced set an order name is over, None if it names none it knows."""
+        if key.fileset is None:
+            return None
+        with self._lock:
+            return self.announced().get(key.fileset)
 
     def announced(self) -> Announced:
         if self._announced is None:
@@ -269,7 +275,10 @@ class ControlTree:
     def _sequence(self, inode: int) -> Reading:
         """The rows an order file lists: its share of a permutation of the dataset's files (the
         announced set's, else all the mount's), in its seed or the mount's."""
-        key, fileset = self._order_inodes[inode - self._first_order]
+        key = self._order_inodes[inode - self._first_order]
+        fileset = self._fileset(key)
+        if key.fileset is not None and fileset is None:
+            raise LookupError(f"file set {key.fileset} is forgotten")
         files = self.files() if fileset is None else self.files()[fileset.positions]
         spec = self.spec if key.seed is None else dataclasses.replace(self.spec, seed=key.seed)
         rows = files[epoch_order(files.size, spec, key.epoch, key.world_size, key.rank, key.drop_last)]

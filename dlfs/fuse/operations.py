@@ -181,7 +181,10 @@ class DlfsOperations(pyfuse3.Operations):
         if inode == pyfuse3.ROOT_INODE:
             return self._entry(fmt.ROOT_ROW)
         if self.control.is_order(inode):
-            reading = await trio.to_thread.run_sync(self.control.reading, inode)
+            try:
+                reading = await trio.to_thread.run_sync(self.control.reading, inode)
+            except LookupError as exc:  # its file set forgotten since the lookup: announce it again
+                raise pyfuse3.FUSEError(errno.ENOENT) from exc
             if self.readahead is not None:
                 self.readahead.activate(reading)
                 if self.native is not None:

@@ -208,6 +208,24 @@ def test_a_sampler_tells_a_mount_that_forgot_its_set_again(train_and_val: Path, 
         assert (Path(mnt) / ".dlfs" / "set" / sampler.digest).exists()
 
 
+def test_an_order_name_whose_set_was_forgotten_is_not_found_until_announced_again(
+    train_and_val: Path, mount
+) -> None:
+    """Order names keep their set by digest only, so the sets stay bounded however many names are
+    looked up; a name whose set the mount forgot is not found (the sampler then announces it)."""
+    with mount(train_and_val) as mnt:
+        dataset = datasets.ImageFolder(str(Path(mnt) / "train"))
+        sampler = ShuffleSampler(dataset, num_replicas=2, rank=1)
+        first = list(sampler)
+        assert sampler.order_path().exists()
+        for start in range(1, KEEP_SETS + 2):
+            for name in FileSet(np.arange(start, 100)).announcements():
+                (Path(mnt) / ".dlfs" / "set" / name).exists()
+        assert not sampler.order_path().exists()  # the name was looked up before: not kept alive
+        sampler.set_epoch(1)
+        assert len(list(sampler)) == len(first) and sampler.order_path().exists()  # announced again
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
