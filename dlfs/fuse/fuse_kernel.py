@@ -15,6 +15,7 @@ import numpy as np
 import pyfuse3
 
 from dlfs.core.index import Index
+from dlfs.fuse.features import readahead_loop_missing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.pagecache import MountPageCache
@@ -86,6 +87,8 @@ class FuseKernel:
         return revealed
 
     def pusher(self) -> NativePusher | None:
-        if "dev_fuse_fd" not in getattr(pyfuse3, "dlfs_features", ()):
+        """The C loop on this mount's connection, or None where it cannot run: the one question
+        (``readahead_loop_missing``) whose answer the mount also prints on the terminal."""
+        if readahead_loop_missing() is not None:
             return None
-        return NativePusher.load(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)
+        return NativePusher(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)

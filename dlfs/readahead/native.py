@@ -11,14 +11,11 @@ also the fallback when the library was not built (``make install`` builds it).
 from __future__ import annotations
 
 import ctypes
-import logging
 from pathlib import Path
 
 import numpy as np
 
 from dlfs.core.libc import DIRECT_ALIGN
-
-log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("_push.so")
 
@@ -45,14 +42,6 @@ class NativePusher:
             ctypes.c_int, _u8, ctypes.c_int64, ctypes.c_int,
             _i32, _i32, _i64, _i64, _i32, _i64, _i64, _u64, _u64, _i32,
         ]  # fmt: skip
-
-    @classmethod
-    def load(cls, fuse_fd: int, first_inode: int) -> NativePusher | None:
-        """The pusher, or None (and why, in the log) when the library is not built."""
-        if not LIBRARY.exists():
-            log.info("%s is not built (make install builds it): reading ahead in Python", LIBRARY.name)
-            return None
-        return cls(fuse_fd, first_inode)
 
     @staticmethod
     def buffer_shares(offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
