@@ -633,3 +633,16 @@ def test_the_obstore_words_that_errors_are_told_apart_by_are_still_there(
         failure(lambda: obstore.get_range(wrong, "nothing", start=0, length=1)),
         obstore.exceptions.PermissionDeniedError,
     )
+
+
+def test_a_listing_gives_every_object_at_any_depth_with_its_size_and_entity_tag(s3_server, s3: str) -> None:
+    bucket, prefix = split(s3)
+    client = s3_server.client()
+    for key, body in (("a.jpg", b"x" * 3), ("class/b.jpg", b"yy"), ("class/deep/c.jpg", b"")):
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+    client.put_object(Bucket=bucket, Key=f"{prefix}-beside/d.jpg", Body=b"not below the prefix")
+    found = list(S3Store(s3).objects())
+    assert [(o.key, o.size) for o in found] == [("a.jpg", 3), ("class/b.jpg", 2), ("class/deep/c.jpg", 0)]
+    head = client.head_object(Bucket=bucket, Key=f"{prefix}/class/b.jpg")
+    assert found[1].etag == head["ETag"]
+    assert found[1].mtime_ns // 1_000_000_000 == int(head["LastModified"].timestamp())

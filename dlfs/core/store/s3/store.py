@@ -8,6 +8,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = datetime.timedelta(seconds=5)
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object as a listing describes it."""
+
+    #: Its key below the store's prefix (``a/b.jpg`` for ``s3://bucket/prefix/a/b.jpg``).
+    key: str
+    size: int
+    #: The object's entity tag: it changes whenever the object is written again, which its size and
+    #: time need not.
+    etag: str
+    mtime_ns: int
 
 
 class S3Store:
@@ -157,6 +171,22 @@ class S3Store:
 
     def names(self) -> list[str]:
         return sorted(self.sizes())
+
+    def objects(self) -> Iterator[StoredObject]:
+        """Every object below the prefix, at any depth, as the listing's pages arrive (in key
+        order: S3 lists in UTF-8 binary order)."""
+        import obstore
+
+        with self._errors(f"listing {self.url}"):
+            for page in obstore.list(self._store, chunk_size=1000):
+                for meta in page:
+                    modified = meta["last_modified"]
+                    yield StoredObject(
+                        key=meta["path"],
+                        size=int(meta["size"]),
+                        etag=meta["e_tag"] or "",
+                        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+                    )
 
     def map_index(self, name: str) -> memoryview:
         size = self.size(name)
