@@ -10,9 +10,10 @@ STAMP  := $(VENV)/.installed
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
 # does the same work in Python and numpy, slower. setup.py says how each is built: pip builds them
 # (in place for `pip install -e`, into the wheel otherwise), and the rule below again after an edit.
-NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so
+NATIVE := dlfs/readahead/_push.so dlfs/fuse/_dirents.so dlfs/fuse/_server.so dlfs/pack/archive/_tarscan.so
 NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents.h dlfs/fuse/_entry.h \
-	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h
+	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h \
+	dlfs/pack/archive/_tarscan.c
 
 # The checkout's venv with every extra: the FUSE daemon's (mount), s3, zstd, torch, bench, and the tests'
 # and benchmarks' tooling (test). It changes nothing outside the checkout.

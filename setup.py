@@ -2,9 +2,10 @@
 and say which packages the distribution holds.
 
 The loops are plain shared libraries loaded with ctypes (``dlfs/readahead/_push.so``,
-``dlfs/fuse/_dirents.so``, ``dlfs/fuse/_server.so``), not Python extension modules: they keep those
-names, whatever the interpreter, and include no Python header. This file is the one place that
-says how each is compiled and linked; the Makefile builds them in place through it.
+``dlfs/fuse/_dirents.so``, ``dlfs/fuse/_server.so``, ``dlfs/pack/archive/_tarscan.so``), not Python
+extension modules: they keep those names, whatever the interpreter, and include no Python header.
+This file is the one place that says how each is compiled and linked; the Makefile builds them in
+place through it.
 
 A missing prerequisite is named in one line with its Debian package, before any compiler runs.
 
@@ -86,6 +87,12 @@ setup(
             ["dlfs/readahead/_push.c"],
             depends=["dlfs/core/_pagecache.h"],
             libraries=["xxhash", "pthread"],
+            extra_compile_args=CFLAGS,
+        ),
+        Extension(
+            "dlfs.pack.archive._tarscan",
+            ["dlfs/pack/archive/_tarscan.c"],
+            libraries=["xxhash"],
             extra_compile_args=CFLAGS,
         ),
         Extension(

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import xxhash
 from tqdm import tqdm
 
@@ -31,6 +32,7 @@ from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.source import Archive, advance
+from dlfs.pack.archive.tarscan import FileRun, TarScanner
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import Payload
@@ -62,6 +64,25 @@ class ArchiveWindows:
         self.archives = archives
         #: (archive number, base, end) of each window.
         self.windows: list[list[int]] = []
+
+    def place_run(
+        self, archive: int, offsets: np.ndarray, sizes: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``place`` for members in increasing offsets: their windows and offsets in them."""
+        last = self.windows[-1] if self.windows else None
+        ends = offsets + sizes
+        if (
+            last is not None
+            and last[0] == archive
+            and int(offsets[-1]) + max(int(sizes[-1]), 1) - last[1] <= WINDOW_MAX
+        ):
+            last[2] = max(last[2], int(ends.max()))
+            return np.full(len(offsets), len(self.windows) - 1, np.int64), offsets - last[1]
+        placed = [
+            self.place(archive, offset, size)
+            for offset, size in zip(offsets.tolist(), sizes.tolist(), strict=True)
+        ]
+        return np.array([w for w, _ in placed], np.int64), np.array([o for _, o in placed], np.int64)
 
     def place(self, archive: int, offset: int, size: int) -> tuple[int, int]:
         """(window, offset in it) of ``size`` bytes at ``offset`` of tar ``archive``; members of a
@@ -106,6 +127,24 @@ class _Checksums:
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.hinted = 0
         self.bar, self.started = bar, started
+        self.scanner = TarScanner(self.read_at, checksum=True) if TarScanner.available() else None
+
+    def read_at(self, view: memoryview, offset: int) -> int:
+        """Bytes of the tar at ``offset`` into ``view``: every read of member bytes goes through
+        here, asking for the tar ``HINT_AHEAD`` beyond them."""
+        end = offset + len(view)
+        if end + HINT_AHEAD - HINT_STEP > self.hinted:
+            start = max(self.hinted, offset)
+            self.hinted = end + HINT_AHEAD
+            os.posix_fadvise(self.fd, start, self.hinted - start, os.POSIX_FADV_WILLNEED)
+        return os.preadv(self.fd, [view], offset)
+
+    def add_run(self, run: FileRun) -> None:
+        shards, offsets = self.windows.place_run(self.number, run.offsets, run.sizes)
+        self.ledger.add_run(run, shards, offsets, run.sizes, run.checksums)
+        size = int(run.sizes.sum())
+        self.summary.source_bytes += size
+        advance(self.bar, self.ledger, self.started, size, len(run))
 
     def add_file(self, member: Member, data: BinaryIO) -> None:
         if not member.contiguous:
@@ -125,13 +164,9 @@ class _Checksums:
         seeks past them: ``streams.Source.skip``), into one reused buffer, hashed without a copy."""
         hasher = xxhash.xxh3_64()
         at, left = member.offset, member.size
-        if at + left + HINT_AHEAD - HINT_STEP > self.hinted:
-            start = max(self.hinted, at)
-            self.hinted = at + left + HINT_AHEAD
-            os.posix_fadvise(self.fd, start, self.hinted - start, os.POSIX_FADV_WILLNEED)
         while left:
             view = self.buffer[: min(left, len(self.buffer))]
-            got = os.preadv(self.fd, [view], at)
+            got = self.read_at(view, at)
             if got == 0:
                 raise PackError(
                     f"{self.tar} is cut short inside {members.show(member.path)}; download it again"

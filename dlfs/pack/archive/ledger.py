@@ -19,6 +19,7 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive.members import Member, Refused, show
+from dlfs.pack.archive.tarscan import FileRun
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill, append_buffers
 from dlfs.pack.walk import FLUSH_ROWS
@@ -119,6 +120,38 @@ class Ledger:
         rows["flags"].append(payload.flags if payload else 0)
         self.count += 1
         if len(rows["parent"]) >= FLUSH_ROWS:
+            self.flush()
+
+    def add_run(
+        self, run: FileRun, shards: np.ndarray, offsets: np.ndarray, stored: np.ndarray, checksums: np.ndarray
+    ) -> None:
+        """Record a run of regular files, their payloads' places and checksums as columns."""
+        count = len(run)
+        starts = np.flatnonzero(run.new_folder)
+        parents = np.array([self._folder(run.folder(k)) for k in starts.tolist()], dtype=np.int64)
+        names, name_ends = run.names()
+        values = {
+            "parent": parents[np.searchsorted(starts, np.arange(count), side="right") - 1],
+            "mode": run.modes | stat.S_IFREG,
+            "uid": run.uids,
+            "gid": run.gids,
+            "size": run.sizes,
+            "mtime": run.mtimes_ns,
+            "name_end": self._names_length + len(self._names) + name_ends,
+            "shard": shards,
+            "offset": offsets,
+            "stored": stored,
+            "checksum": checksums,
+            "flags": np.zeros(count),
+            "link": np.full(count, self._link_count),
+            "source": run.offsets,
+            "contiguous": np.ones(count),
+        }
+        self._names += names
+        for name, code in LEDGER_COLUMNS.items():
+            self._rows[name].frombytes(np.asarray(values[name], dtype=code).tobytes())
+        self.count += count
+        if len(self._rows["parent"]) >= FLUSH_ROWS:
             self.flush()
 
     def check_path(self, path: bytes) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, Future
 from typing import BinaryIO, Protocol
 
+import numpy as np
 import xxhash
 from tqdm import tqdm
 
@@ -27,6 +28,7 @@ from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
 from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
+from dlfs.pack.archive.tarscan import FileRun, TarScanner
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
@@ -47,18 +49,24 @@ def _encode_batch(
     return [None if data is None else encode(data, compress, transform) for data in items]
 
 
-def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int) -> None:
-    """One more member of ``size`` bytes recorded: the bar, and now and then its files/s."""
+def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int, count: int = 1) -> None:
+    """``count`` more members of ``size`` bytes recorded: the bar, and now and then its files/s."""
     if bar is None:
         return
     bar.update(size)
-    if len(ledger) % PROGRESS_EVERY == 0:
+    if len(ledger) // PROGRESS_EVERY != (len(ledger) - count) // PROGRESS_EVERY:
         show_files(bar, len(ledger), started)
 
 
 class Sink(Protocol):
     """Where ``Archive.record`` hands members that are not folders: a writer into shards, or the
     in-place pass's checksummer (``in_place``)."""
+
+    #: Takes runs of plain members from the tar's file (``add_run``); None: every member one by one.
+    scanner: TarScanner | None
+
+    def add_run(self, run: FileRun) -> None:
+        """Regular files taken by the scanner, their bytes in ``run.buffer``."""
 
     def add_file(self, member: Member, data: BinaryIO) -> None:
         """A regular file, its bytes in ``data``, to read now or leave unread (the pass then
@@ -90,11 +98,18 @@ class Archive:
     def close(self) -> None:
         self.stream.close()
 
-    def _members(self, options: PackOptions, prefix: bytes) -> Iterator[tuple[Member, BinaryIO | None]]:
+    def _members(
+        self, options: PackOptions, prefix: bytes, scanner: TarScanner | None
+    ) -> Iterator[tuple[Member, BinaryIO | None] | FileRun]:
         if self.kind == "zip":
             assert self.stream.file is not None
             return zip_members(self.stream.file, self.name, self.root.uid, self.root.gid, options.expand_tars)
-        return tar_members(self.stream.stream, self.name, options.expand_tars, prefix)
+        if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
+            scanner = None  # its bytes are not read from the file where they lie
+        end = os.fstat(self.stream.file.fileno()).st_size if scanner is not None else 0  # type: ignore[union-attr]
+        return tar_members(
+            self.stream.stream, self.name, options.expand_tars, prefix, scanner=scanner, end=end
+        )
 
     def pack(
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
@@ -113,12 +128,17 @@ class Archive:
     ) -> None:
         """Read every member, in one pass, into ``ledger`` (folders) and ``sink`` (the rest), its
         path under ``prefix`` (a tar's)."""
-        iterator = self._members(options, prefix)
+        iterator = self._members(options, prefix, sink.scanner)
         while True:
             with reading(self.name, self.kind):
                 item = next(iterator, None)
             if item is None:
                 break
+            if isinstance(item, FileRun):
+                run = _beside_symlinks(item, ledger, options, summary)
+                if len(run):
+                    sink.add_run(run)
+                continue
             member, data = item
             if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
                 ledger.symlinks.add(member.path)
@@ -141,9 +161,25 @@ class Archive:
             self.stream.drain()
 
 
+def _beside_symlinks(run: FileRun, ledger: Ledger, options: PackOptions, summary: PackSummary) -> FileRun:
+    """The run without its members that lie beyond a symlink member (``Ledger.check_path``)."""
+    if not ledger.symlinks:
+        return run
+    keep = np.ones(len(run), dtype=bool)
+    for k in range(len(run)):
+        try:
+            ledger.check_path(run.path(k))
+        except Refused as exc:
+            fail_or_skip(str(exc), options, summary, run.path(k))
+            keep[k] = False
+    return run if keep.all() else run.select(keep)
+
+
 class _Writer:
     """Members in arrival order: batched to the pool for their payloads, then written and recorded
     in the same order."""
+
+    scanner: TarScanner | None = None
 
     def __init__(
         self,

@@ -34,6 +34,9 @@ from dlfs.pack.interruption import block_in_thread
 SNIFF = 512
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
+#: Most bytes ``Source`` asks its stream for at once: a count from a damaged header (a pax record's
+#: claimed 2^62 bytes) is read piece by piece to the stream's end, never allocated up front.
+READ_MAX = 64 << 20
 #: What ``Source`` reads ahead of a header where it can skip what follows (``Source.skips``).
 SKIPPING_AHEAD = 16 << 10
 #: Chunks read ahead of the pack (``ReadAhead``).
@@ -98,7 +101,7 @@ class Source:
         need = count - held
         self.buffer, self.at = b"", 0
         while need > 0:
-            chunk = self.inner.read(max(need, self.ahead))
+            chunk = self.inner.read(min(max(need, self.ahead), READ_MAX))
             if not chunk:
                 break
             if len(chunk) > need:

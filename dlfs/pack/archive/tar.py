@@ -7,6 +7,9 @@ With ``expand``, a member ``NAME.tar`` is read as a tar in its turn, on the same
 the folder ``NAME`` holding its members; its members' offsets are offsets in the outermost
 stream, and they stay contiguous while every tar around them is.
 
+Where the tar is read from a file, runs of plain members are taken in C (``tarscan``), and only
+the other headers take ``tarfile``'s path.
+
 A tar ends with a zero block. A stream that ends before one, or a header cut short, is a truncated
 archive; a damaged header past the first is an error too (``tarfile.TarFile`` stops quietly at
 either, as if the archive had ended there).
@@ -25,6 +28,7 @@ from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import HARDLINK, Member, Refused
 from dlfs.pack.archive.streams import Bounded, Source
+from dlfs.pack.archive.tarscan import FileRun, TarScanner
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +112,27 @@ class _Headers:
 
 
 def tar_members(
-    stream: Source, name: str, expand: bool, prefix: bytes = b"", base: int = 0, contiguous: bool = True
-) -> Iterator[tuple[Member, Data]]:
+    stream: Source,
+    name: str,
+    expand: bool,
+    prefix: bytes = b"",
+    base: int = 0,
+    contiguous: bool = True,
+    scanner: TarScanner | None = None,
+    end: int = 0,
+) -> Iterator[tuple[Member, Data] | FileRun]:
     """Every member of the tar in ``stream`` (``name`` for messages), its path under ``prefix``,
-    each with its data to read before the next is asked for."""
+    each with its data to read before the next is asked for. With a ``scanner`` (the stream is a
+    file's, the tar's bytes lie in it from ``base`` to ``end``), runs of plain members come as
+    ``FileRun``s, their bytes not read from the stream."""
     headers = _Headers(stream)
     while True:
+        if scanner is not None and contiguous and not headers.pax_headers:  # global pax headers apply to all
+            run, after = scanner.run(base + headers.offset, end, prefix, expand)
+            if run is not None:
+                headers.offset = after - base
+                yield run
+                continue
         stream.skip_to(headers.offset)
         info = _next_header(headers, name)
         if info is None:
@@ -127,7 +146,16 @@ def tar_members(
             yield members.folder_of(member, folder), None
             inner = Source(data)  # type: ignore[arg-type]
             label = f"{name}: {members.show(member.path)}"
-            yield from tar_members(inner, label, expand, folder, member.offset, member.contiguous)
+            yield from tar_members(
+                inner,
+                label,
+                expand,
+                folder,
+                member.offset,
+                member.contiguous,
+                scanner,
+                member.offset + info.size,
+            )
             continue
         yield member, data
 
