@@ -39,12 +39,6 @@ BLOCK = 512
 #: Reads bytes of the tar at an offset into a view; how many it read (fewer only at the end).
 ReadAt = Callable[[memoryview, int], int]
 
-_i32 = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
-_i64 = np.ctypeslib.ndpointer(np.int64, flags="C_CONTIGUOUS")
-_u32 = np.ctypeslib.ndpointer(np.uint32, flags="C_CONTIGUOUS")
-_u64 = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
-_u8 = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
-
 
 #: The columns of a ``FileRun`` with one entry per member.
 COLUMNS = (
@@ -117,10 +111,9 @@ class TarScanner:
         self._scan = lib.dlfs_tar_scan
         self._scan.restype = ctypes.c_int32
         self._scan.argtypes = [
-            _u8, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
             ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
-            ctypes.c_int32, ctypes.c_int64,
-            _i64, _i64, _i64, _u32, _u32, _u32, _u64, _i64, _i64, _u8, _u8, _i64, _i32,
+            ctypes.c_int32, ctypes.c_int64, *[ctypes.c_void_p] * 13,
         ]  # fmt: skip
         self.buffer = np.empty(BUFFER, np.uint8)
         self.view = memoryview(self.buffer)
@@ -136,6 +129,10 @@ class TarScanner:
         )
         self.paths = np.empty(PATHS_ROOM, np.uint8)
         self.next, self.stop = np.zeros(1, np.int64), np.zeros(1, np.int32)
+        #: The addresses of the arrays above, passed as they are (numpy's checks cost more than the
+        #: C loop over a short run).
+        self._outputs = [a.ctypes.data for a in (*self.columns, self.paths, self.next, self.stop)]
+        self._buffer = self.buffer.ctypes.data
 
     @classmethod
     def available(cls, library: Path = LIBRARY) -> bool:
@@ -147,8 +144,8 @@ class TarScanner:
         and the offset of the first header it leaves. None where it takes no member."""
         for _ in range(2):
             count = self._scan(
-                self.buffer, self.start, self.filled, at, end, prefix, len(prefix), expand, self.checksum,
-                fmt.NAME_MAX, ROOM, PATHS_ROOM, *self.columns, self.paths, self.next, self.stop,
+                self._buffer, self.start, self.filled, at, end, prefix, len(prefix), expand, self.checksum,
+                fmt.NAME_MAX, ROOM, PATHS_ROOM, *self._outputs,
             )  # fmt: skip
             if count or self.stop[0] != STOP_BUFFER or not self._fill(at, end):
                 break
