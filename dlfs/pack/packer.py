@@ -31,7 +31,7 @@ from dlfs.core.interpreter import safe_path_children
 from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
 from dlfs.pack import images
 from dlfs.pack.archive.in_place import ArchiveWindows, InPlace
-from dlfs.pack.archive.source import Archive
+from dlfs.pack.archive.source import Archive, scans
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
@@ -93,7 +93,7 @@ def _archive(
 ) -> Archive | InPlace | None:
     """The archive source opened, or None for a directory ``tree``."""
     if not options.in_place:
-        return None if tree else Archive(os.fspath(src))
+        return None if tree else Archive(os.fspath(src), read_ahead=not scans(os.fspath(src), options))
     if options.compress or options.transform is not None:
         raise PackError("--in-place serves the tars' own bytes; it takes neither --compress nor --transform")
     if is_s3(dst):

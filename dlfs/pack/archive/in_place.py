@@ -32,7 +32,7 @@ from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.source import Archive, advance
-from dlfs.pack.archive.tarscan import FileRun, TarScanner
+from dlfs.pack.archive.tarscan import FileRun, HintedReads
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import Payload
@@ -44,12 +44,6 @@ INSTEAD = "pack without --in-place, which copies the bytes into shards"
 TAR_SUFFIX = ".tar"
 #: Bytes of a member read and hashed at a time.
 READ_CHUNK = 1 << 20
-#: How far ahead of the member being hashed the tar is asked for (``POSIX_FADV_WILLNEED``), and in
-#: steps of how much. The kernel's own read-ahead sees the pass's reads (a header, then the data
-#: from just inside it) step back and stops reading ahead: a cold tar was then read much slower
-#: than ``cat`` reads it (docs/design.md).
-HINT_AHEAD = 32 << 20
-HINT_STEP = 8 << 20
 #: Most bytes from a window's base to the end of its last member: the 32-bit ``offset`` column's
 #: reach.
 WINDOW_MAX = fmt.SHARD_MAX
@@ -123,21 +117,12 @@ class _Checksums:
     ) -> None:
         self.ledger, self.windows, self.summary = ledger, windows, summary
         assert archive.stream.file is not None  # ``InPlace`` takes tars by path only
-        self.tar, self.fd, self.number = archive.name, archive.stream.file.fileno(), number
+        self.tar, self.number = archive.name, number
         self.buffer = memoryview(bytearray(READ_CHUNK))
-        self.hinted = 0
+        #: Every read of member bytes, the scanner's and ``_checksum``'s.
+        self.reads = HintedReads(archive.stream.file.fileno())
+        self.scanner = archive.scanner(self.reads)
         self.bar, self.started = bar, started
-        self.scanner = TarScanner(self.read_at, checksum=True) if TarScanner.available() else None
-
-    def read_at(self, view: memoryview, offset: int) -> int:
-        """Bytes of the tar at ``offset`` into ``view``: every read of member bytes goes through
-        here, asking for the tar ``HINT_AHEAD`` beyond them."""
-        end = offset + len(view)
-        if end + HINT_AHEAD - HINT_STEP > self.hinted:
-            start = max(self.hinted, offset)
-            self.hinted = end + HINT_AHEAD
-            os.posix_fadvise(self.fd, start, self.hinted - start, os.POSIX_FADV_WILLNEED)
-        return os.preadv(self.fd, [view], offset)
 
     def add_run(self, run: FileRun) -> None:
         shards, offsets = self.windows.place_run(self.number, run.offsets, run.sizes)
@@ -166,7 +151,7 @@ class _Checksums:
         at, left = member.offset, member.size
         while left:
             view = self.buffer[: min(left, len(self.buffer))]
-            got = self.read_at(view, at)
+            got = self.reads.read_at(view, at)
             if got == 0:
                 raise PackError(
                     f"{self.tar} is cut short inside {members.show(member.path)}; download it again"

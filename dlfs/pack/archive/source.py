@@ -28,7 +28,7 @@ from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
 from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
-from dlfs.pack.archive.tarscan import FileRun, TarScanner
+from dlfs.pack.archive.tarscan import FileRun, HintedReads, TarScanner
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
@@ -56,6 +56,13 @@ def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int, count: 
     bar.update(size)
     if len(ledger) // PROGRESS_EVERY != (len(ledger) - count) // PROGRESS_EVERY:
         show_files(bar, len(ledger), started)
+
+
+def scans(source: str, options: PackOptions) -> bool:
+    """Whether a pack of ``source`` copies runs of plain tar members from its file as the C loop
+    takes them (``Archive.scanner``): members stored as they are, the source not standard input.
+    Such a pack reads the tar where its members lie, without ``ReadAhead``."""
+    return source != "-" and not options.compress and options.transform is None and TarScanner.available()
 
 
 class Sink(Protocol):
@@ -98,15 +105,20 @@ class Archive:
     def close(self) -> None:
         self.stream.close()
 
+    def scanner(self, reads: HintedReads) -> TarScanner | None:
+        """The C loop over runs of plain members, reading through ``reads``: for a plain tar read
+        from its file without ``ReadAhead``, where the library is built."""
+        if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
+            return None
+        return TarScanner(reads.read_at, checksum=True) if TarScanner.available() else None
+
     def _members(
         self, options: PackOptions, prefix: bytes, scanner: TarScanner | None
     ) -> Iterator[tuple[Member, BinaryIO | None] | FileRun]:
         if self.kind == "zip":
             assert self.stream.file is not None
             return zip_members(self.stream.file, self.name, self.root.uid, self.root.gid, options.expand_tars)
-        if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
-            scanner = None  # its bytes are not read from the file where they lie
-        end = os.fstat(self.stream.file.fileno()).st_size if scanner is not None else 0  # type: ignore[union-attr]
+        end = os.fstat(self.stream.file.fileno()).st_size if scanner and self.stream.file else 0
         return tar_members(
             self.stream.stream, self.name, options.expand_tars, prefix, scanner=scanner, end=end
         )
@@ -117,6 +129,8 @@ class Archive:
         """Write every member into ``shards``; the tree and placements for the index."""
         ledger = Ledger(spill, self.root)
         writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
+        if self.stream.file is not None and scans(self.name, options):
+            writer.scanner = self.scanner(HintedReads(self.stream.file.fileno()))
         with progress_bar(options) as bar:
             writer.bar = bar
             self.record(ledger, writer, options, summary)
@@ -238,6 +252,20 @@ class _Writer:
         self._submit()
         while self.window:
             self._drain_one()
+
+    def add_run(self, run: FileRun) -> None:
+        """Write the run's members from the scanner's buffer (which the shard writer may hold on
+        to: the scanner reads on into a new one), after every member handed over before them."""
+        self.finish_pending()
+        shards, offsets = np.empty(len(run), np.int64), np.empty(len(run), np.int64)
+        sizes = run.sizes.tolist()
+        for k, (at, size) in enumerate(zip((run.offsets - run.buffer_start).tolist(), sizes, strict=True)):
+            shards[k], offsets[k] = self.shards.place(size)
+            self.shards.write(run.buffer[at : at + size])
+        self.ledger.add_run(run, shards, offsets, run.sizes, run.checksums)
+        size = sum(sizes)
+        self.summary.source_bytes += size
+        advance(self.bar, self.ledger, self.started, size, len(run))
 
     def _drain_one(self) -> None:
         batch, future, charged = self.window.popleft()

@@ -16,6 +16,7 @@ positional reader. Without the library built, every member takes the Python read
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,13 @@ PATHS_ROOM = 1 << 20
 STOP_BUFFER = 0
 BLOCK = 512
 
+#: How far ahead of the bytes being read a tar file is asked for (``POSIX_FADV_WILLNEED``), and in
+#: steps of how much. The kernel's own read-ahead sees a pass's reads step back or jump (a header,
+#: then the member after it, or a member's bytes past a skipped one) and stops reading ahead: a
+#: cold tar was then read much slower than ``cat`` reads it (docs/design.md).
+HINT_AHEAD = 32 << 20
+HINT_STEP = 8 << 20
+
 #: Reads bytes of the tar at an offset into a view; how many it read (fewer only at the end).
 ReadAt = Callable[[memoryview, int], int]
 
@@ -45,6 +53,22 @@ COLUMNS = (
     "offsets", "sizes", "mtimes_ns", "modes", "uids", "gids", "checksums",
     "path_starts", "path_ends", "name_starts",
 )  # fmt: skip
+
+
+class HintedReads:
+    """Positional reads of a tar file, the kernel asked for the bytes ``HINT_AHEAD`` beyond each."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.hinted = 0
+
+    def read_at(self, view: memoryview, offset: int) -> int:
+        end = offset + len(view)
+        if end + HINT_AHEAD - HINT_STEP > self.hinted:
+            start = max(self.hinted, offset)
+            self.hinted = end + HINT_AHEAD
+            os.posix_fadvise(self.fd, start, self.hinted - start, os.POSIX_FADV_WILLNEED)
+        return os.preadv(self.fd, [view], offset)
 
 
 @dataclass
@@ -115,9 +139,9 @@ class TarScanner:
             ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
             ctypes.c_int32, ctypes.c_int64, *[ctypes.c_void_p] * 13,
         ]  # fmt: skip
-        self.buffer = np.empty(BUFFER, np.uint8)
+        self.buffer = np.empty(0, np.uint8)
         self.view = memoryview(self.buffer)
-        #: The buffer holds the tar's bytes from ``start``, ``filled`` of them.
+        #: The buffer holds the tar's bytes from ``start``, ``filled`` of them (``_fill``).
         self.start, self.filled = 0, 0
         self.columns = (
             *(np.empty(ROOM, np.int64) for _ in range(3)),
@@ -163,10 +187,12 @@ class TarScanner:
         return run, int(self.next[0])
 
     def _fill(self, at: int, end: int) -> bool:
-        """Hold the tar's bytes from ``at`` on, keeping those already read; whether any more came."""
+        """Hold the tar's bytes from ``at`` on, in a new buffer (a run's bytes stay as they were
+        for whoever holds them), keeping those already read; whether any more came."""
         keep = self.start + self.filled - at if self.start <= at < self.start + self.filled else 0
-        if keep:
-            self.buffer[:keep] = self.buffer[at - self.start : at - self.start + keep]
+        buffer = np.empty(BUFFER, np.uint8)
+        buffer[:keep] = self.buffer[at - self.start : at - self.start + keep]
+        self.buffer, self.view, self._buffer = buffer, memoryview(buffer), buffer.ctypes.data
         self.start, self.filled = at, keep
         want = min(BUFFER, end - at) - keep
         got = self.read_at(self.view[keep : keep + want], at + keep) if want > 0 else 0
