@@ -260,6 +260,12 @@ def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarIn
     return info
 
 
+def seal(raw: bytearray, at: int) -> None:
+    """Give the tar header at ``at`` the checksum of its bytes as they are."""
+    raw[at + 148 : at + 156] = b" " * 8
+    raw[at + 148 : at + 156] = f"{sum(raw[at : at + 512]):06o}\0 ".encode()
+
+
 def assert_refused(tmp_path: Path, archive: Path, *fragments: str, flags: tuple[str, ...] = ()) -> None:
     """One line, and no dataset published, nothing written beside it."""
     before = set(tmp_path.iterdir())
@@ -350,6 +356,22 @@ def test_a_truncated_tar_is_refused(tmp_path: Path, cut: int) -> None:
     archive = tmp_path / "cut.tar"
     archive.write_bytes(whole[:cut])
     assert_refused(tmp_path, archive, "cut short")
+
+
+def test_a_pax_header_claiming_exabytes_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Its records are read piece by piece to the end of the file, never allocated up front."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
+        info = tarfile.TarInfo("p" * 200)  # a pax record holds the long path
+        info.size = 3
+        out.addfile(info, io.BytesIO(b"abc"))
+    raw = bytearray(buffer.getvalue())
+    assert raw[156:157] == tarfile.XHDTYPE
+    raw[124:136] = b"\x80" + (2**62).to_bytes(11, "big")  # its size, in base-256
+    seal(raw, 0)
+    archive = tmp_path / "pax.tar"
+    archive.write_bytes(bytes(raw))
+    assert_refused(tmp_path, archive, "pax.tar")
 
 
 @pytest.mark.parametrize("compress", ["gz", "zst"])
