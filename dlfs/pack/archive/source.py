@@ -60,9 +60,11 @@ def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int, count: 
 
 def scans(source: str, options: PackOptions) -> bool:
     """Whether a pack of ``source`` copies runs of plain tar members from its file as the C loop
-    takes them (``Archive.scanner``): members stored as they are, the source not standard input.
-    Such a pack reads the tar where its members lie, without ``ReadAhead``."""
-    return source != "-" and not options.compress and options.transform is None and TarScanner.available()
+    takes them (``Archive.scanner``): members stored as they are, the source a regular file (not
+    standard input, nor a pipe such as ``<(curl ...)``). Such a pack reads the tar where its
+    members lie, without ``ReadAhead``."""
+    plain = not options.compress and options.transform is None
+    return plain and source != "-" and os.path.isfile(source) and TarScanner.available()
 
 
 class Sink(Protocol):
