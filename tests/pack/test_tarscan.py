@@ -33,7 +33,11 @@ def read(tar: Path, expand: bool, native: bool) -> Outcome:
     """Every member of ``tar`` as the pass sees it, with or without the C loop."""
     with open(tar, "rb", buffering=0) as file:
         fd = file.fileno()
-        scanner = TarScanner(lambda view, at: os.preadv(fd, [view], at), checksum=True) if native else None
+        scanner = (
+            TarScanner(lambda view, at: os.preadv(fd, [view], at), checksum=True, held=False)
+            if native
+            else None
+        )
         members = tar_members(Source(file), tar.name, expand, scanner=scanner, end=os.fstat(fd).st_size)
         out: list[tuple[object, ...]] = []
         taken = 0

@@ -121,7 +121,7 @@ class _Checksums:
         self.buffer = memoryview(bytearray(READ_CHUNK))
         #: Every read of member bytes, the scanner's and ``_checksum``'s.
         self.reads = HintedReads(archive.stream.file.fileno())
-        self.scanner = archive.scanner(self.reads)
+        self.scanner = archive.scanner(self.reads, held=False)
         self.bar, self.started = bar, started
 
     def add_run(self, run: FileRun) -> None:

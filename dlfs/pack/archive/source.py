@@ -107,12 +107,13 @@ class Archive:
     def close(self) -> None:
         self.stream.close()
 
-    def scanner(self, reads: HintedReads) -> TarScanner | None:
-        """The C loop over runs of plain members, reading through ``reads``: for a plain tar read
-        from its file without ``ReadAhead``, where the library is built."""
+    def scanner(self, reads: HintedReads, held: bool) -> TarScanner | None:
+        """The C loop over runs of plain members, reading through ``reads`` (``held``: see
+        ``TarScanner``): for a plain tar read from its file without ``ReadAhead``, where the
+        library is built."""
         if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
             return None
-        return TarScanner(reads.read_at, checksum=True) if TarScanner.available() else None
+        return TarScanner(reads.read_at, checksum=True, held=held) if TarScanner.available() else None
 
     def _members(
         self, options: PackOptions, prefix: bytes, scanner: TarScanner | None
@@ -132,7 +133,7 @@ class Archive:
         ledger = Ledger(spill, self.root)
         writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
         if self.stream.file is not None and scans(self.name, options):
-            writer.scanner = self.scanner(HintedReads(self.stream.file.fileno()))
+            writer.scanner = self.scanner(HintedReads(self.stream.file.fileno()), held=True)
         with progress_bar(options) as bar:
             writer.bar = bar
             self.record(ledger, writer, options, summary)

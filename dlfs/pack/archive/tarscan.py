@@ -127,10 +127,13 @@ class FileRun:
 
 class TarScanner:
     """One buffer of a tar's bytes, read through ``read_at``, and the C loop over it. ``checksum``:
-    checksum each member (not needed where the caller hashes the bytes itself)."""
+    checksum each member (not needed where the caller hashes the bytes itself). ``held``: a run's
+    ``buffer`` may be held past the next run (by a shard writer gathering its writes), so each
+    read goes into a new buffer; else two buffers take turns, as a new one costs its pages'
+    first touch."""
 
-    def __init__(self, read_at: ReadAt, checksum: bool, library: Path = LIBRARY) -> None:
-        self.read_at, self.checksum = read_at, checksum
+    def __init__(self, read_at: ReadAt, checksum: bool, held: bool, library: Path = LIBRARY) -> None:
+        self.read_at, self.checksum, self.held = read_at, checksum, held
         lib = ctypes.CDLL(str(library))
         self._scan = lib.dlfs_tar_scan
         self._scan.restype = ctypes.c_int32
@@ -139,7 +142,7 @@ class TarScanner:
             ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
             ctypes.c_int32, ctypes.c_int64, *[ctypes.c_void_p] * 13,
         ]  # fmt: skip
-        self.buffer = np.empty(0, np.uint8)
+        self.buffer = self.spare = np.empty(0, np.uint8)
         self.view = memoryview(self.buffer)
         #: The buffer holds the tar's bytes from ``start``, ``filled`` of them (``_fill``).
         self.start, self.filled = 0, 0
@@ -187,11 +190,12 @@ class TarScanner:
         return run, int(self.next[0])
 
     def _fill(self, at: int, end: int) -> bool:
-        """Hold the tar's bytes from ``at`` on, in a new buffer (a run's bytes stay as they were
-        for whoever holds them), keeping those already read; whether any more came."""
+        """Hold the tar's bytes from ``at`` on, in the other buffer, keeping those already read;
+        whether any more came."""
         keep = self.start + self.filled - at if self.start <= at < self.start + self.filled else 0
-        buffer = np.empty(BUFFER, np.uint8)
+        buffer = self.spare if len(self.spare) == BUFFER and not self.held else np.empty(BUFFER, np.uint8)
         buffer[:keep] = self.buffer[at - self.start : at - self.start + keep]
+        self.spare = self.buffer
         self.buffer, self.view, self._buffer = buffer, memoryview(buffer), buffer.ctypes.data
         self.start, self.filled = at, keep
         want = min(BUFFER, end - at) - keep
