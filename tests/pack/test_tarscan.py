@@ -52,6 +52,9 @@ def read(tar: Path, expand: bool, native: bool) -> Outcome:
                     out.append(_member(member, _digest(data) if data is not None else None))
         except PackError as exc:
             return str(exc)
+        finally:
+            if scanner is not None:
+                scanner.close()
     return out, taken
 
 

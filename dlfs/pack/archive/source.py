@@ -145,6 +145,15 @@ class Archive:
     ) -> None:
         """Read every member, in one pass, into ``ledger`` (folders) and ``sink`` (the rest), its
         path under ``prefix`` (a tar's)."""
+        try:
+            self._record(ledger, sink, options, summary, prefix)
+        finally:
+            if sink.scanner is not None:
+                sink.scanner.close()
+
+    def _record(
+        self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes
+    ) -> None:
         iterator = self._members(options, prefix, sink.scanner)
         while True:
             with reading(self.name, self.kind):

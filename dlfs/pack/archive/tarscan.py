@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,11 +127,13 @@ class FileRun:
 
 
 class TarScanner:
-    """One buffer of a tar's bytes, read through ``read_at``, and the C loop over it. ``checksum``:
-    checksum each member (not needed where the caller hashes the bytes itself). ``held``: a run's
-    ``buffer`` may be held past the next run (by a shard writer gathering its writes), so each
-    read goes into a new buffer; else two buffers take turns, as a new one costs its pages'
-    first touch."""
+    """The tar's bytes, a buffer at a time, read through ``read_at``, and the C loop over them.
+    While the loop (and whoever takes its runs) works through one buffer, a thread reads the next:
+    ``read_at`` lets go of the GIL, so the copy out of the page cache (or a wait on the disk)
+    happens beside the checksums. ``checksum``: checksum each member (not needed where the caller
+    hashes the bytes itself). ``held``: a run's ``buffer`` may be held past the next run (by a
+    shard writer gathering its writes), so each read goes into a new array; else the arrays are
+    used again, as a new one costs its pages' first touch."""
 
     def __init__(self, read_at: ReadAt, checksum: bool, held: bool, library: Path = LIBRARY) -> None:
         self.read_at, self.checksum, self.held = read_at, checksum, held
@@ -142,10 +145,18 @@ class TarScanner:
             ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
             ctypes.c_int32, ctypes.c_int64, *[ctypes.c_void_p] * 13,
         ]  # fmt: skip
-        self.buffer = self.spare = np.empty(0, np.uint8)
-        self.view = memoryview(self.buffer)
-        #: The buffer holds the tar's bytes from ``start``, ``filled`` of them (``_fill``).
+        #: The bytes held: the tar's from ``start``, ``filled`` of them, at ``base`` in ``array``
+        #: (``_fill``: each array is 2 * BUFFER, read into its upper half, the bytes kept from the
+        #: last one just below).
+        self.array = np.empty(0, np.uint8)
+        self.base = 0
+        self.view = memoryview(self.array)
         self.start, self.filled = 0, 0
+        self._buffer = self.array.ctypes.data
+        self.spares: list[np.ndarray] = []
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="dlfs-tar-read")
+        #: The read under way: its offset, its array, how many bytes it will have read.
+        self.ahead: tuple[int, np.ndarray, Future[int]] | None = None
         self.columns = (
             *(np.empty(ROOM, np.int64) for _ in range(3)),
             *(np.empty(ROOM, np.uint32) for _ in range(3)),
@@ -159,7 +170,6 @@ class TarScanner:
         #: The addresses of the arrays above, passed as they are (numpy's checks cost more than the
         #: C loop over a short run).
         self._outputs = [a.ctypes.data for a in (*self.columns, self.paths, self.next, self.stop)]
-        self._buffer = self.buffer.ctypes.data
 
     @classmethod
     def available(cls, library: Path = LIBRARY) -> bool:
@@ -174,7 +184,7 @@ class TarScanner:
                 self._buffer, self.start, self.filled, at, end, prefix, len(prefix), expand, self.checksum,
                 fmt.NAME_MAX, ROOM, PATHS_ROOM, *self._outputs,
             )  # fmt: skip
-            if count or self.stop[0] != STOP_BUFFER or not self._fill(at, end):
+            if count or self.stop[0] != STOP_BUFFER or not self._fill(at):
                 break
         if not count:
             return None, at
@@ -189,16 +199,46 @@ class TarScanner:
         )  # fmt: skip
         return run, int(self.next[0])
 
-    def _fill(self, at: int, end: int) -> bool:
-        """Hold the tar's bytes from ``at`` on, in the other buffer, keeping those already read;
-        whether any more came."""
-        keep = self.start + self.filled - at if self.start <= at < self.start + self.filled else 0
-        buffer = self.spare if len(self.spare) == BUFFER and not self.held else np.empty(BUFFER, np.uint8)
-        buffer[:keep] = self.buffer[at - self.start : at - self.start + keep]
-        self.spare = self.buffer
-        self.buffer, self.view, self._buffer = buffer, memoryview(buffer), buffer.ctypes.data
-        self.start, self.filled = at, keep
-        want = min(BUFFER, end - at) - keep
-        got = self.read_at(self.view[keep : keep + want], at + keep) if want > 0 else 0
-        self.filled += got
+    def _fill(self, at: int) -> bool:
+        """Hold the tar's bytes from ``at`` on: those already held, then the next BUFFER of them
+        (read ahead where they follow on); start reading the BUFFER after. Whether any came."""
+        held_end = self.start + self.filled
+        keep = held_end - at if self.start <= at < held_end else 0
+        offset = at + keep
+        array, got = self._read(offset)
+        tail = self.base + at - self.start
+        array[BUFFER - keep : BUFFER] = self.array[tail : tail + keep]
+        if not self.held and len(self.array):
+            self.spares.append(self.array)
+        self.array, self.base = array, BUFFER - keep
+        self.view = memoryview(array)[self.base : BUFFER + got]
+        self.start, self.filled, self._buffer = at, keep + got, array.ctypes.data + self.base
+        if got == BUFFER:
+            ahead = self._array()
+            self.ahead = (
+                offset + got,
+                ahead,
+                self.reader.submit(self.read_at, memoryview(ahead)[BUFFER:], offset + got),
+            )
         return got > 0
+
+    def _read(self, offset: int) -> tuple[np.ndarray, int]:
+        """An array holding BUFFER bytes (fewer at the end) from ``offset`` in its upper half: the
+        read ahead, where it is of these bytes; else one made now."""
+        if self.ahead is not None:
+            at, array, read = self.ahead
+            self.ahead = None
+            got = read.result()  # waited for even when of other bytes: it writes into the array
+            if at == offset:
+                return array, got
+            if not self.held:
+                self.spares.append(array)
+        array = self._array()
+        return array, self.read_at(memoryview(array)[BUFFER:], offset)
+
+    def _array(self) -> np.ndarray:
+        return self.spares.pop() if self.spares else np.empty(2 * BUFFER, np.uint8)
+
+    def close(self) -> None:
+        """Wait for the read under way, and end the thread."""
+        self.reader.shutdown(wait=True)
