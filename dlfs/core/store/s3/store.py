@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = datetime.timedelta(seconds=5)
+#: Tries of a request that fails in a way a retry may fix (obstore's and the listing's).
+MAX_RETRIES = 16
+#: Keys a listing request returns at most (S3's own limit).
+LISTING_PAGE = 1000
+
+
+class ObjectChanged(StoreError):
+    """An object was written again after it was listed: its entity tag is no longer the listed one."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"{url} changed after it was listed")
+        #: The object's URL.
+        self.url = url
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,7 @@ class S3Store:
         self.hints = HintCache(self._get)
         settings = aws_settings(options, self.url)
         self.endpoint, self._session = settings.endpoint, settings.session
+        self._region, self._timeout = settings.region, options.timeout
         config: dict[str, Any] = {"region": settings.region}
         if not settings.is_aws():
             config["endpoint"] = self.endpoint
@@ -84,7 +98,7 @@ class S3Store:
                 config=config,
                 client_options=client_options,
                 retry_config={
-                    "max_retries": 16,
+                    "max_retries": MAX_RETRIES,
                     "retry_timeout": timeout,
                     "backoff": {
                         "init_backoff": datetime.timedelta(milliseconds=100),
@@ -173,20 +187,55 @@ class S3Store:
         return sorted(self.sizes())
 
     def objects(self) -> Iterator[StoredObject]:
-        """Every object below the prefix, at any depth, as the listing's pages arrive (in key
-        order: S3 lists in UTF-8 binary order)."""
-        import obstore
+        """Every object below the prefix, at any depth, as the listing's pages arrive, in key order
+        (S3 lists in UTF-8 binary order). Keys are as stored: a folder marker keeps its trailing
+        ``/``. boto3 lists them: obstore parses each key as a path, which drops that ``/`` and fails
+        the whole listing on a key with a control character."""
+        import botocore.exceptions
+        from botocore.config import Config
 
-        with self._errors(f"listing {self.url}"):
-            for page in obstore.list(self._store, chunk_size=1000):
-                for meta in page:
-                    modified = meta["last_modified"]
+        config = Config(
+            connect_timeout=CONNECT_TIMEOUT.total_seconds(),
+            read_timeout=self._timeout,
+            retries={"max_attempts": MAX_RETRIES, "mode": "standard"},
+        )
+        client = self._session.client(
+            "s3", endpoint_url=self.endpoint, region_name=self._region, config=config
+        )
+        prefix = self.location.prefix + "/" if self.location.prefix else ""
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.location.bucket, Prefix=prefix, PaginationConfig={"PageSize": LISTING_PAGE}
+        )
+        try:
+            for page in pages:
+                for meta in page.get("Contents", []):
+                    modified = meta["LastModified"]
                     yield StoredObject(
-                        key=meta["path"],
-                        size=int(meta["size"]),
-                        etag=meta["e_tag"] or "",
+                        key=meta["Key"][len(prefix) :],
+                        size=int(meta["Size"]),
+                        etag=meta.get("ETag", ""),
                         mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
                     )
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise StoreError(
+                explain(f"listing {self.url}", exc, self.endpoint, self.location.bucket)
+            ) from None
+
+    def get_object(self, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
+        """The bytes ``start`` to ``end`` (the whole object where None) of the object ``key``, as
+        it was listed with the entity tag ``etag``; ``ObjectChanged`` once it was written again,
+        so the bytes of two versions are never mixed."""
+        import obstore
+        import obstore.exceptions
+
+        options: dict[str, Any] = {"if_match": etag}
+        if end is not None:
+            options["range"] = (start, end)
+        with self._errors(f"reading {self.url}/{key}"):
+            try:
+                return bytes(obstore.get(self._store, key, options=options).bytes())
+            except obstore.exceptions.PreconditionError:
+                raise ObjectChanged(f"{self.url}/{key}") from None
 
     def map_index(self, name: str) -> memoryview:
         size = self.size(name)
