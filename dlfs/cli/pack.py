@@ -15,7 +15,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "src",
         help="what to pack: a directory tree; or an archive, read in one pass and never extracted: a tar "
-        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input",
+        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input; "
+        "or s3://BUCKET/PREFIX/, one object per file (keys' / make the folders)",
     )
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument(
@@ -30,8 +31,9 @@ def add_parser(sub: Subparsers) -> None:
         "-j",
         type=int,
         metavar="N",
-        help="files read at once (default 2 per CPU, at most 8); with --transform, the worker "
-        "processes that read and transform them: one per CPU, at most N",
+        help="files read at once (default 2 per CPU, at most 8; from an s3:// source, GETs in flight, "
+        "default 64); with --transform, the worker processes that read and transform them: one per "
+        "CPU, at most N",
     )
     p.add_argument(
         "--compress",
@@ -80,12 +82,13 @@ def add_parser(sub: Subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlfs.pack import DEFAULT_READERS, PackOptions, pack
+    from dlfs.core.store import is_s3
+    from dlfs.pack import DEFAULT_READERS, PackOptions, objects, pack
     from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
         shard_size=args.shard_size,
-        readers=args.readers or DEFAULT_READERS,
+        readers=args.readers or (objects.DEFAULT_READERS if is_s3(args.src) else DEFAULT_READERS),
         compress=args.compress == "lz4",
         placement=args.placement,
         seed=args.seed,

@@ -35,6 +35,7 @@ from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
+from dlfs.pack.objects import ObjectPrefix
 from dlfs.pack.options import (
     PLACEMENTS,
     PROGRESS_EVERY,
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 
 #: The index file's write buffer.
 INDEX_BUFFER = 1 << 20
+#: What a pack reads other than a directory tree (None).
+Source = Archive | InPlace | ObjectPrefix | None
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
@@ -63,10 +66,11 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
-    if os.fspath(src) != "-" and not src_path.exists():
+    objects = is_s3(os.fspath(src))
+    if not objects and os.fspath(src) != "-" and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
-    tree = os.fspath(src) != "-" and src_path.is_dir()
+    tree = not objects and os.fspath(src) != "-" and src_path.is_dir()
     if tree and options.expand_tars and not options.in_place:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
     if (options.in_place or not tree) and options.placement != "source":
@@ -74,7 +78,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
             "an archive's members are laid into shards as they arrive; "
             "--placement random needs a directory tree"
         )
-    archive = _archive(src_path, tree, dst, options)
+    archive = _objects(os.fspath(src), options) if objects else _archive(src_path, tree, dst, options)
     try:
         with interruptible():
             if is_s3(dst):
@@ -86,6 +90,15 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
             archive.close()
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _objects(src: str, options: PackOptions) -> ObjectPrefix:
+    """The objects below the ``s3://`` prefix ``src`` as a source."""
+    if options.in_place:
+        raise PackError("--in-place serves local tars; pack an s3:// source without it")
+    if options.expand_tars:
+        raise PackError(f"--expand-tars reads archives; the source {src} is a prefix of objects")
+    return ObjectPrefix(src, options.store)
 
 
 def _archive(
@@ -101,9 +114,7 @@ def _archive(
     return InPlace(os.fspath(src))
 
 
-def _pack_to_directory(
-    src: Path, archive: Archive | InPlace | None, dst: Path, options: PackOptions
-) -> PackSummary:
+def _pack_to_directory(src: Path, archive: Source, dst: Path, options: PackOptions) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
     old_id = check_destination(src, dst, store, options)
     try:
@@ -113,9 +124,7 @@ def _pack_to_directory(
         store.close()
 
 
-def _pack_to_bucket(
-    src: Path, archive: Archive | InPlace | None, dst: str, options: PackOptions
-) -> PackSummary:
+def _pack_to_bucket(src: Path, archive: Source, dst: str, options: PackOptions) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
     once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
@@ -135,7 +144,7 @@ def _pack_to_bucket(
 
 def _replace(
     src: Path,
-    archive: Archive | InPlace | None,
+    archive: Source,
     store: Store,
     old_id: str | None,
     spill_in: Path,
@@ -238,7 +247,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
 
 
 def _pack_locked(
-    src: bytes, archive: Archive | InPlace | None, store: Store, spill: Spill, options: PackOptions
+    src: bytes, archive: Source, store: Store, spill: Spill, options: PackOptions
 ) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes writes at any offset and stored sizes are known from the walk

@@ -55,16 +55,17 @@ def show(path: bytes) -> str:
     return path.decode("utf-8", "backslashreplace") or "/"
 
 
-def normalize(raw: bytes) -> bytes:
-    """The member's path in the tree: leading slashes and ``.`` components dropped."""
+def normalize(raw: bytes, what: str = "member") -> bytes:
+    """The member's path in the tree: leading slashes and ``.`` components dropped. ``what`` names
+    the thing in a refusal (``object`` for an object store's key)."""
     if b"\0" in raw:
-        raise Refused(f"member {show(raw)!r} has a NUL byte in its name")
+        raise Refused(f"{what} {show(raw)!r} has a NUL byte in its name")
     parts = [part for part in raw.split(b"/") if part not in (b"", b".")]
     if b".." in parts:
-        raise Refused(f"member {show(raw)} has a '..' in its path, which could leave the tree")
+        raise Refused(f"{what} {show(raw)} has a '..' in its path, which could leave the tree")
     for part in parts:
         if len(part) > fmt.NAME_MAX:
-            raise Refused(f"member {show(raw)} has a name longer than {fmt.NAME_MAX} bytes")
+            raise Refused(f"{what} {show(raw)} has a name longer than {fmt.NAME_MAX} bytes")
     return b"/".join(parts)
 
 

@@ -100,13 +100,7 @@ class Archive:
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
-        ledger = Ledger(spill, self.root)
-        writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
-        with progress_bar(options) as bar:
-            writer.bar = bar
-            self.record(ledger, writer, options, summary)
-            show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
-        return rows.build(ledger, spill, options, summary)
+        return write_members(self, shards, spill, options, summary, pool)
 
     def record(
         self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes = b""
@@ -119,26 +113,68 @@ class Archive:
                 item = next(iterator, None)
             if item is None:
                 break
-            member, data = item
-            if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-                ledger.symlinks.add(member.path)
-            try:
-                if member.problem:
-                    raise Refused(member.problem)
-                ledger.check_path(member.path)
-            except Refused as exc:
-                fail_or_skip(str(exc), options, summary, member.path)
-                continue
-            if member.kind == stat.S_IFDIR:
-                ledger.folder(member)
-            elif member.kind == stat.S_IFREG:
-                assert data is not None
-                sink.add_file(member, data)
-            else:
-                sink.add(member, None)
+            record_member(ledger, sink, *item, options, summary)
         sink.finish_pending()
         with reading(self.name, self.kind):
             self.stream.drain()
+
+
+class MemberSource(Protocol):
+    """A source whose members come in one pass (an ``Archive``, ``objects.ObjectPrefix``)."""
+
+    name: str
+    kind: str
+    #: The tree's root, and every folder no member names.
+    root: Folder
+
+    def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
+        """Hand every member to ``record_member``, then have ``sink`` finish."""
+
+
+def write_members(
+    source: MemberSource,
+    shards: InOrderShards,
+    spill: Spill,
+    options: PackOptions,
+    summary: PackSummary,
+    pool: Executor,
+) -> tuple[Tree, Placed]:
+    """Write every member of ``source`` into ``shards`` as it comes; the tree and placements for
+    the index."""
+    ledger = Ledger(spill, source.root)
+    writer = _Writer(source.name, source.kind, pool, shards, ledger, options, summary)
+    with progress_bar(options) as bar:
+        writer.bar = bar
+        source.record(ledger, writer, options, summary)
+        show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
+    return rows.build(ledger, spill, options, summary)
+
+
+def record_member(
+    ledger: Ledger,
+    sink: Sink,
+    member: Member,
+    data: BinaryIO | None,
+    options: PackOptions,
+    summary: PackSummary,
+) -> None:
+    """One member into ``ledger`` (a folder) or ``sink`` (the rest), unless a rule refuses it."""
+    if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+        ledger.symlinks.add(member.path)
+    try:
+        if member.problem:
+            raise Refused(member.problem)
+        ledger.check_path(member.path)
+    except Refused as exc:
+        fail_or_skip(str(exc), options, summary, member.path)
+        return
+    if member.kind == stat.S_IFDIR:
+        ledger.folder(member)
+    elif member.kind == stat.S_IFREG:
+        assert data is not None
+        sink.add_file(member, data)
+    else:
+        sink.add(member, None)
 
 
 class _Writer:

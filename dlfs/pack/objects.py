@@ -1,0 +1,203 @@
+"""An S3 prefix of objects, one per file, as a pack source (``dlfs pack s3://BUCKET/PREFIX/ DST``).
+
+The listing (``S3Store.objects``) comes in key order, as an archive's members come in archive
+order, so the archive pass writes it (``archive.source.write_members``): each object's bytes go into
+the shards as they arrive, and the index's rows are sorted out of the ledger at the end. Up to
+``--readers`` GETs are in flight ahead of the writer, in listing order, holding at most FETCH_BYTES;
+an object larger than ``fmt.WHOLE_PAYLOAD_LIMIT`` is never held whole: it is fetched in ranged GETs
+of STREAM_CHUNK, RANGES_AHEAD of them ahead of the writer, which streams it into its shard. Every
+GET names the entity tag the listing gave (``If-Match``): an object written again after the listing
+stops the pack in one line, so no file mixes the bytes of two versions.
+
+Keys are untrusted, like archive member names, and pass the same rules (``archive.members``). Two
+more: a key that is not already a normal path (an empty or ``.`` component: two keys could name
+one file) and a key with a control character (which the S3 client cannot fetch) are refused. A
+zero-byte key ending in ``/`` (the folder marker a console makes) is a folder. Files are 0644 and
+folders 0755, owned by the user who packs, each object's LastModified its mtime.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import BinaryIO, cast
+
+from dlfs.core import format as fmt
+from dlfs.core.errors import PackError
+from dlfs.core.store import StoreOptions
+from dlfs.core.store.s3 import ObjectChanged, S3Store, StoredObject
+from dlfs.pack.archive.ledger import Folder, Ledger
+from dlfs.pack.archive.members import Member, Refused, normalize, show
+from dlfs.pack.archive.source import Sink, record_member, write_members
+from dlfs.pack.columns import Placed
+from dlfs.pack.interruption import block_in_thread
+from dlfs.pack.options import PackOptions, PackSummary
+from dlfs.pack.pipeline import MAX_INFLIGHT_BYTES, STREAM_CHUNK
+from dlfs.pack.spill import Spill
+from dlfs.pack.walk import Tree
+from dlfs.pack.writers import InOrderShards
+
+#: GETs in flight where ``--readers`` is not given. A GET waits on the network, not on a core, so
+#: many overlap well on any machine; docs/design.md has the measurement behind the figure.
+DEFAULT_READERS = 64
+#: Bytes of fetched objects held ahead of the writer, which holds up to MAX_INFLIGHT_BYTES of its own.
+FETCH_BYTES = MAX_INFLIGHT_BYTES // 2
+#: Ranged GETs of one large object in flight ahead of the writer.
+RANGES_AHEAD = 4
+#: What the source is called in messages and in the index's build record.
+KIND = "s3 objects"
+#: ASCII control characters: the S3 client refuses a key with one.
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+FILE_MODE, FOLDER_MODE = 0o644, 0o755
+
+
+class ObjectPrefix:
+    """The objects below an ``s3://`` prefix, packed as the files of a tree."""
+
+    def __init__(self, url: str, options: StoreOptions) -> None:
+        self.store = S3Store(url, options)
+        self.name = self.store.url
+        self.kind = KIND
+        #: The tree's root, and every folder no marker names.
+        self.root = Folder(fmt.ROOT_ROW, b"", FOLDER_MODE, os.geteuid(), os.getegid(), time.time_ns())
+
+    def close(self) -> None:
+        self.store.close()
+
+    def pack(
+        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
+    ) -> tuple[Tree, Placed]:
+        """Write every object into ``shards``; the tree and placements for the index."""
+        return write_members(self, shards, spill, options, summary, pool)
+
+    def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
+        """Fetch every object, ``options.readers`` at once, and hand each to ``record_member`` in
+        listing order."""
+        gets = ThreadPoolExecutor(options.readers, thread_name_prefix="dlfs-get", initializer=block_in_thread)
+        try:
+            for member, data in self._fetched(gets, options.readers):
+                record_member(ledger, sink, member, data, options, summary)
+            sink.finish_pending()
+        except ObjectChanged as exc:
+            raise PackError(f"{exc.url} changed while it was packed; re-run dlfs pack") from None
+        finally:
+            gets.shutdown(wait=True, cancel_futures=True)
+
+    def _members(self) -> Iterator[tuple[Member, StoredObject]]:
+        """Each listed object as a member; one line for a prefix that holds none."""
+        listed = False
+        for stored in self.store.objects():
+            listed = True
+            if stored.key:  # not the marker of the prefix itself: that folder is the root
+                yield _member(stored, self.root.uid, self.root.gid), stored
+        if not listed:
+            raise PackError(f"{self.name} holds no objects; check the bucket and the prefix")
+
+    def _fetched(self, gets: Executor, readers: int) -> Iterator[tuple[Member, BinaryIO | None]]:
+        """The members in listing order with their bytes, up to ``readers`` GETs and FETCH_BYTES
+        ahead of the caller."""
+        window: deque[tuple[Member, StoredObject, Future[bytes] | None]] = deque()
+        held = 0
+        for member, stored in self._members():
+            whole = _is_file(member) and 0 < member.size <= fmt.WHOLE_PAYLOAD_LIMIT
+            while window and (len(window) >= readers or (whole and held + member.size > FETCH_BYTES)):
+                done = window.popleft()
+                held -= done[0].size if done[2] is not None else 0
+                yield self._ready(done, gets)
+            future = gets.submit(self.store.get_object, stored.key, stored.etag) if whole else None
+            held += member.size if whole else 0
+            window.append((member, stored, future))
+        while window:
+            yield self._ready(window.popleft(), gets)
+
+    def _ready(
+        self, entry: tuple[Member, StoredObject, Future[bytes] | None], gets: Executor
+    ) -> tuple[Member, BinaryIO | None]:
+        member, stored, future = entry
+        if not _is_file(member):
+            return member, None
+        if future is not None:
+            return member, io.BytesIO(future.result())
+        if member.size == 0:
+            return member, io.BytesIO()
+        return member, cast(BinaryIO, _Ranged(self.store, stored, gets))
+
+
+def _is_file(member: Member) -> bool:
+    """A file whose bytes the pack reads (not a folder, nor refused)."""
+    return member.kind == stat.S_IFREG and not member.problem
+
+
+def _member(stored: StoredObject, uid: int, gid: int) -> Member:
+    """The file or folder an object is, or, breaking a rule, a member carrying its ``problem``."""
+    raw = stored.key.encode()
+    marker = raw.endswith(b"/")
+    kind, mode = (stat.S_IFDIR, FOLDER_MODE) if marker else (stat.S_IFREG, FILE_MODE)
+    member = Member(raw, kind, mode, uid, gid, stored.mtime_ns, 0 if marker else stored.size)
+    try:
+        member.path = _path(raw, marker, stored.size)
+    except Refused as exc:
+        member.problem = str(exc)
+    return member
+
+
+def _path(raw: bytes, marker: bool, size: int) -> bytes:
+    """The path in the tree of the key ``raw``, which must be a normal path already."""
+    if marker and size:
+        raise Refused(
+            f"object {show(raw)} ends in '/' but holds {size:,} bytes, so it is neither a folder nor a file"
+        )
+    if CONTROL.search(raw.decode()):
+        raise Refused(
+            f"object {show(raw)!r} has a control character in its key, which the S3 client cannot fetch"
+        )
+    key = raw[:-1] if marker else raw
+    path = normalize(key, "object")
+    if path != key:
+        raise Refused(f"object {show(raw)} has an empty or '.' component in its key, which no file path has")
+    return path
+
+
+class _Ranged(io.RawIOBase):
+    """A large object's bytes, read in order: ranged GETs of STREAM_CHUNK, RANGES_AHEAD of them in
+    flight ahead of the reader, each only of the listed version."""
+
+    def __init__(self, store: S3Store, stored: StoredObject, gets: Executor) -> None:
+        super().__init__()
+        self._store, self._stored, self._gets = store, stored, gets
+        self._starts = iter(range(0, stored.size, STREAM_CHUNK))
+        self._pending: deque[Future[bytes]] = deque()
+        self._chunk, self._at = b"", 0
+        for _ in range(RANGES_AHEAD):
+            self._request()
+
+    def _request(self) -> None:
+        start = next(self._starts, None)
+        if start is not None:
+            end = min(start + STREAM_CHUNK, self._stored.size)
+            self._pending.append(
+                self._gets.submit(self._store.get_object, self._stored.key, self._stored.etag, start, end)
+            )
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self._at == len(self._chunk):
+            if not self._pending:
+                return b""
+            self._chunk, self._at = self._pending.popleft().result(), 0
+            self._request()
+        if self._at == 0 and (size < 0 or size >= len(self._chunk)):
+            self._at = len(self._chunk)
+            return self._chunk
+        end = len(self._chunk) if size < 0 else self._at + size
+        out = self._chunk[self._at : end]
+        self._at += len(out)
+        return out
