@@ -22,21 +22,23 @@ import io
 import os
 import re
 import stat
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import BinaryIO, cast
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store import StoreOptions
 from dlfs.core.store.s3 import ObjectChanged, S3Store, StoredObject
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused, normalize, show
 from dlfs.pack.archive.source import Sink, record_member, write_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.interruption import block_in_thread
+from dlfs.pack.options import DEFAULT_READERS as DEFAULT_PACK_READERS
 from dlfs.pack.options import PackOptions, PackSummary
 from dlfs.pack.pipeline import MAX_INFLIGHT_BYTES, STREAM_CHUNK
 from dlfs.pack.spill import Spill
@@ -46,8 +48,9 @@ from dlfs.pack.writers import InOrderShards
 #: GETs in flight where ``--readers`` is not given. A GET waits on the network, not on a core, so
 #: many overlap well on any machine; docs/design.md has the measurement behind the figure.
 DEFAULT_READERS = 64
-#: Bytes of fetched objects held ahead of the writer, which holds up to MAX_INFLIGHT_BYTES of its own.
-FETCH_BYTES = MAX_INFLIGHT_BYTES // 2
+#: Bytes of fetched objects held ahead of the writer (which holds up to MAX_INFLIGHT_BYTES of its
+#: own): many times what a 10 Gbit/s link carries in a 10 ms round trip.
+FETCH_BYTES = MAX_INFLIGHT_BYTES // 4
 #: Ranged GETs of one large object in flight ahead of the writer.
 RANGES_AHEAD = 4
 #: What the source is called in messages and in the index's build record.
@@ -60,8 +63,10 @@ FILE_MODE, FOLDER_MODE = 0o644, 0o755
 class ObjectPrefix:
     """The objects below an ``s3://`` prefix, packed as the files of a tree."""
 
-    def __init__(self, url: str, options: StoreOptions) -> None:
-        self.store = S3Store(url, options)
+    def __init__(self, url: str, options: PackOptions) -> None:
+        self.store = S3Store(url, options.store)
+        #: GETs in flight.
+        self.readers = options.readers
         self.name = self.store.url
         self.kind = KIND
         #: The tree's root, and every folder no marker names.
@@ -73,15 +78,17 @@ class ObjectPrefix:
     def pack(
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
     ) -> tuple[Tree, Placed]:
-        """Write every object into ``shards``; the tree and placements for the index."""
-        return write_members(self, shards, spill, options, summary, pool)
+        """Write every object into ``shards``; the tree and placements for the index. The writer's
+        checksums are CPU work: its batches in flight follow the cores, not the GETs."""
+        writing = replace(options, readers=min(options.readers, DEFAULT_PACK_READERS))
+        return write_members(self, shards, spill, writing, summary, pool)
 
     def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
-        """Fetch every object, ``options.readers`` at once, and hand each to ``record_member`` in
-        listing order."""
-        gets = ThreadPoolExecutor(options.readers, thread_name_prefix="dlfs-get", initializer=block_in_thread)
+        """Fetch every object, ``readers`` at once, and hand each to ``record_member`` in listing
+        order."""
+        gets = ThreadPoolExecutor(self.readers, thread_name_prefix="dlfs-get", initializer=block_in_thread)
         try:
-            for member, data in self._fetched(gets, options.readers):
+            for member, data in self._fetched(gets, self.readers):
                 record_member(ledger, sink, member, data, options, summary)
             sink.finish_pending()
         except ObjectChanged as exc:
@@ -100,25 +107,35 @@ class ObjectPrefix:
             raise PackError(f"{self.name} holds no objects; check the bucket and the prefix")
 
     def _fetched(self, gets: Executor, readers: int) -> Iterator[tuple[Member, BinaryIO | None]]:
-        """The members in listing order with their bytes, up to ``readers`` GETs and FETCH_BYTES
-        ahead of the caller."""
-        window: deque[tuple[Member, StoredObject, Future[bytes] | None]] = deque()
-        held = 0
-        for member, stored in self._members():
-            whole = _is_file(member) and 0 < member.size <= fmt.WHOLE_PAYLOAD_LIMIT
-            while window and (len(window) >= readers or (whole and held + member.size > FETCH_BYTES)):
-                done = window.popleft()
-                held -= done[0].size if done[2] is not None else 0
-                yield self._ready(done, gets)
-            future = gets.submit(self.store.get_object, stored.key, stored.etag) if whole else None
-            held += member.size if whole else 0
-            window.append((member, stored, future))
-        while window:
-            yield self._ready(window.popleft(), gets)
+        """The members in listing order with their bytes. A thread of its own lists them and
+        requests their GETs, up to ``readers`` and FETCH_BYTES ahead of the caller, so that GETs
+        keep coming while the caller writes."""
+        window = _Window(readers, FETCH_BYTES)
+        feeder = threading.Thread(target=self._feed, args=(gets, window), name="dlfs-list", daemon=True)
+        feeder.start()
+        try:
+            while (entry := window.take()) is not None:
+                yield self._ready(entry, gets)
+        finally:
+            window.close()
+            feeder.join(timeout=1)  # it may be waiting on a listing page: that ends by itself
 
-    def _ready(
-        self, entry: tuple[Member, StoredObject, Future[bytes] | None], gets: Executor
-    ) -> tuple[Member, BinaryIO | None]:
+    def _feed(self, gets: Executor, window: _Window) -> None:
+        block_in_thread()  # Ctrl-C goes to the main thread, which then closes the window
+        try:
+            for member, stored in self._members():
+                whole = _is_file(member) and 0 < member.size <= fmt.WHOLE_PAYLOAD_LIMIT
+                held = member.size if whole else 0
+                if not window.admit(held):
+                    return
+                future = gets.submit(self.store.get_object, stored.key, stored.etag) if whole else None
+                window.put((member, stored, future), held)
+        except BaseException as exc:  # handed to the caller, which raises it
+            window.end(exc)
+        else:
+            window.end()
+
+    def _ready(self, entry: Entry, gets: Executor) -> tuple[Member, BinaryIO | None]:
         member, stored, future = entry
         if not _is_file(member):
             return member, None
@@ -127,6 +144,67 @@ class ObjectPrefix:
         if member.size == 0:
             return member, io.BytesIO()
         return member, cast(BinaryIO, _Ranged(self.store, stored, gets))
+
+
+#: A member, its object, and the GET of its bytes where it is fetched whole.
+Entry = tuple[Member, StoredObject, "Future[bytes] | None"]
+
+
+class _Window:
+    """The members between the thread that lists them and requests their GETs, and the pass that
+    takes them, in listing order: at most ``readers`` of them, and ``budget`` bytes being fetched
+    (one larger object alone)."""
+
+    def __init__(self, readers: int, budget: int) -> None:
+        self.readers, self.budget = readers, budget
+        self.entries: deque[tuple[Entry, int]] = deque()
+        self.held = 0
+        self.ended = self.closed = False
+        self.error: BaseException | None = None
+        self.changed = threading.Condition()
+
+    def admit(self, size: int) -> bool:
+        """Wait until an entry of ``size`` bytes fits; False once the pass has stopped taking."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: (
+                    self.closed
+                    or not self.entries
+                    or (len(self.entries) < self.readers and self.held + size <= self.budget)
+                )
+            )
+            return not self.closed
+
+    def put(self, entry: Entry, size: int) -> None:
+        with self.changed:
+            self.entries.append((entry, size))
+            self.held += size
+            self.changed.notify_all()
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Every member is in, or listing failed with ``error``."""
+        with self.changed:
+            self.ended, self.error = True, error
+            self.changed.notify_all()
+
+    def take(self) -> Entry | None:
+        """The next entry; None after the last one."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.entries or self.ended)
+            if not self.entries:
+                if self.error is not None:
+                    raise self.error
+                return None
+            entry, size = self.entries.popleft()
+            self.held -= size
+            self.changed.notify_all()
+            return entry
+
+    def close(self) -> None:
+        """The pass takes no more: the lister stops."""
+        with self.changed:
+            self.closed = True
+            self.changed.notify_all()
 
 
 def _is_file(member: Member) -> bool:

@@ -98,7 +98,7 @@ def _objects(src: str, options: PackOptions) -> ObjectPrefix:
         raise PackError("--in-place serves local tars; pack an s3:// source without it")
     if options.expand_tars:
         raise PackError(f"--expand-tars reads archives; the source {src} is a prefix of objects")
-    return ObjectPrefix(src, options.store)
+    return ObjectPrefix(src, options)
 
 
 def _archive(

@@ -8,6 +8,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -188,9 +189,9 @@ class S3Store:
 
     def objects(self) -> Iterator[StoredObject]:
         """Every object below the prefix, at any depth, as the listing's pages arrive, in key order
-        (S3 lists in UTF-8 binary order). Keys are as stored: a folder marker keeps its trailing
-        ``/``. boto3 lists them: obstore parses each key as a path, which drops that ``/`` and fails
-        the whole listing on a key with a control character."""
+        (S3 lists in UTF-8 binary order), the next page on its way meanwhile. Keys are as stored: a
+        folder marker keeps its trailing ``/``. boto3 lists them: obstore parses each key as a path,
+        which drops that ``/`` and fails the whole listing on a key with a control character."""
         import botocore.exceptions
         from botocore.config import Config
 
@@ -207,19 +208,27 @@ class S3Store:
             Bucket=self.location.bucket, Prefix=prefix, PaginationConfig={"PageSize": LISTING_PAGE}
         )
         try:
-            for page in pages:
-                for meta in page.get("Contents", []):
-                    modified = meta["LastModified"]
-                    yield StoredObject(
-                        key=meta["Key"][len(prefix) :],
-                        size=int(meta["Size"]),
-                        etag=meta.get("ETag", ""),
-                        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
-                    )
+            with ThreadPoolExecutor(1, thread_name_prefix="dlfs-list") as ahead:
+                yield from self._listed(ahead, iter(pages), prefix)
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             raise StoreError(
                 explain(f"listing {self.url}", exc, self.endpoint, self.location.bucket)
             ) from None
+
+    @staticmethod
+    def _listed(ahead: Executor, pages: Iterator[dict[str, Any]], prefix: str) -> Iterator[StoredObject]:
+        """The objects of ``pages``, the next page requested by ``ahead`` while these are used."""
+        coming = ahead.submit(next, pages, None)
+        while (page := coming.result()) is not None:
+            coming = ahead.submit(next, pages, None)
+            for meta in page.get("Contents", []):
+                modified = meta["LastModified"]
+                yield StoredObject(
+                    key=meta["Key"][len(prefix) :],
+                    size=int(meta["Size"]),
+                    etag=meta.get("ETag", ""),
+                    mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+                )
 
     def get_object(self, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
         """The bytes ``start`` to ``end`` (the whole object where None) of the object ``key``, as
