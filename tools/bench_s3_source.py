@@ -10,7 +10,7 @@ unshaped). Then, alternating, medians of ``--repeat``:
 - the baseline: every object fetched whole by a pool of threads (``s3_baselines.get_objects``), for
   each of ``--threads``; the best of them is what a hand-written downloader would get;
 - ``dlfs pack`` of the prefix into a local folder (``--no-sync``), for each of ``--readers`` (GETs in
-  flight), with its peak RSS (``bench_packmem.LAUNCHER``).
+  flight), with its peak RSS (``bench_packmem.pack_once``).
 
 Needs root for the shaped network. ``--json`` prints one document.
 """
@@ -18,14 +18,11 @@ Needs root for the shaped network. ``--json`` prints one document.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,9 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_packmem import LAUNCHER
+from bench_packmem import pack_once
 from benchdoc import DASH, TIMES, Json, print_document, table
-from benchlib import DLFS
 from netshape import shaped_seaweed
 from s3_baselines import Result, get_objects, s3_store, upload_objects
 from seaweed import SeaweedServer
@@ -68,28 +64,6 @@ def make_tree(root: Path, objects: int, size: int, seed: int = 0) -> int:
         path.write_bytes(data)
         total += len(data)
     return total
-
-
-def pack_once(url: str, dst: Path, readers: int) -> dict[str, float]:
-    """One ``dlfs pack`` of the prefix into a fresh ``dst``: files, seconds and peak RSS."""
-    shutil.rmtree(dst, ignore_errors=True)
-    peak = dst.with_name("peak-rss-kib")
-    pack = [*DLFS, "pack", "--json", "--no-sync", "--readers", str(readers), url, str(dst)]
-    started = time.perf_counter()
-    result = subprocess.run(
-        [sys.executable, "-c", LAUNCHER, str(peak), *pack], stdout=subprocess.PIPE, check=False
-    )
-    seconds = time.perf_counter() - started
-    if result.returncode:
-        raise SystemExit(f"dlfs pack failed with exit code {result.returncode}")
-    summary = json.loads(result.stdout)
-    shutil.rmtree(dst, ignore_errors=True)
-    return {
-        "files": summary["files"],
-        "bytes": summary["bytes"],
-        "seconds": seconds,
-        "peak_rss": int(peak.read_text()) * 1024,
-    }
 
 
 def median_result(runs: list[Result]) -> Json:
@@ -140,19 +114,18 @@ def main() -> None:
                 gets[threads].append(get_objects(store, keys, threads))
                 say(f"run {run}: GETs, {threads} threads: {gets[threads][-1].objects_per_s:,.0f} objects/s")
             for readers in args.readers:
-                packs[readers].append(pack_once(url, args.work / "packed", readers))
-                done = packs[readers][-1]
+                done = pack_once(url, args.work / "packed", "--readers", str(readers))
                 assert (done["files"], done["bytes"]) == (len(keys), total), done
-                rate = done["files"] / done["seconds"]
-                say(f"run {run}: dlfs pack --readers {readers}: {rate:,.0f} objects/s")
+                packs[readers].append(done)
+                say(f"run {run}: dlfs pack --readers {readers}: {done['files_per_s']:,.0f} objects/s")
     shutil.rmtree(args.work, ignore_errors=True)
     results["get_objects"] = {str(t): median_result(runs) for t, runs in gets.items()}
     results["dlfs_pack"] = {}
     for readers, runs in packs.items():
-        seconds = statistics.median(run["seconds"] for run in runs)
+        seconds = statistics.median(run["pack_s"] for run in runs)
         result = Result.of(len(keys), total, seconds)
         results["dlfs_pack"][str(readers)] = result.__dict__ | {
-            "runs_s": [round(run["seconds"], 3) for run in runs],
+            "runs_s": [round(run["pack_s"], 3) for run in runs],
             "peak_rss": max(run["peak_rss"] for run in runs),
         }
     best_get = max(results["get_objects"].values(), key=lambda r: r["objects_per_s"])

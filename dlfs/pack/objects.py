@@ -2,12 +2,13 @@
 
 The listing (``S3Store.objects``) comes in key order, as an archive's members come in archive
 order, so the archive pass writes it (``archive.source.write_members``): each object's bytes go into
-the shards as they arrive, and the index's rows are sorted out of the ledger at the end. Up to
-``--readers`` GETs are in flight ahead of the writer, in listing order, holding at most FETCH_BYTES;
-an object larger than ``fmt.WHOLE_PAYLOAD_LIMIT`` is never held whole: it is fetched in ranged GETs
-of STREAM_CHUNK, RANGES_AHEAD of them ahead of the writer, which streams it into its shard. Every
-GET names the entity tag the listing gave (``If-Match``): an object written again after the listing
-stops the pack in one line, so no file mixes the bytes of two versions.
+the shards as they arrive, and the index's rows are sorted out of the ledger at the end. A thread
+of its own lists the objects and keeps ``--readers`` GETs in flight, in listing order, while the
+pass writes, holding at most FETCH_BYTES fetched or being fetched (``_Window``). An object larger
+than ``fmt.WHOLE_PAYLOAD_LIMIT`` is never held whole: it is fetched in ranged GETs of STREAM_CHUNK,
+RANGES_AHEAD of them ahead of the writer, which streams it into its shard. Every GET names the
+entity tag the listing gave (``If-Match``): an object written again after the listing stops the
+pack in one line, so no file mixes the bytes of two versions.
 
 Keys are untrusted, like archive member names, and pass the same rules (``archive.members``). Two
 more: a key that is not already a normal path (an empty or ``.`` component: two keys could name
@@ -51,6 +52,8 @@ DEFAULT_READERS = 64
 #: Bytes of fetched objects held ahead of the writer (which holds up to MAX_INFLIGHT_BYTES of its
 #: own): many times what a 10 Gbit/s link carries in a 10 ms round trip.
 FETCH_BYTES = MAX_INFLIGHT_BYTES // 4
+#: Members listed ahead of the pass at most (each a few hundred bytes).
+MEMBERS_AHEAD = 1 << 14
 #: Ranged GETs of one large object in flight ahead of the writer.
 RANGES_AHEAD = 4
 #: What the source is called in messages and in the index's build record.
@@ -128,7 +131,10 @@ class ObjectPrefix:
                 held = member.size if whole else 0
                 if not window.admit(held):
                     return
-                future = gets.submit(self.store.get_object, stored.key, stored.etag) if whole else None
+                future = None
+                if whole:
+                    future = gets.submit(self.store.get_object, stored.key, stored.etag)
+                    future.add_done_callback(window.fetched)
                 window.put((member, stored, future), held)
         except BaseException as exc:  # handed to the caller, which raises it
             window.end(exc)
@@ -152,28 +158,42 @@ Entry = tuple[Member, StoredObject, "Future[bytes] | None"]
 
 class _Window:
     """The members between the thread that lists them and requests their GETs, and the pass that
-    takes them, in listing order: at most ``readers`` of them, and ``budget`` bytes being fetched
-    (one larger object alone)."""
+    takes them, in listing order: at most ``readers`` GETs in flight, ``budget`` bytes fetched or
+    being fetched (one larger object alone) and MEMBERS_AHEAD members. Fetched bytes wait here while
+    the pass writes, so the GETs go on meanwhile."""
 
     def __init__(self, readers: int, budget: int) -> None:
         self.readers, self.budget = readers, budget
         self.entries: deque[tuple[Entry, int]] = deque()
         self.held = 0
+        self.fetching = 0
         self.ended = self.closed = False
         self.error: BaseException | None = None
         self.changed = threading.Condition()
 
     def admit(self, size: int) -> bool:
-        """Wait until an entry of ``size`` bytes fits; False once the pass has stopped taking."""
+        """Wait until a member whose GET brings ``size`` bytes (0: none) fits, and count its GET;
+        False once the pass has stopped taking."""
         with self.changed:
             self.changed.wait_for(
                 lambda: (
                     self.closed
                     or not self.entries
-                    or (len(self.entries) < self.readers and self.held + size <= self.budget)
+                    or (
+                        len(self.entries) < MEMBERS_AHEAD
+                        and self.held + size <= self.budget
+                        and (not size or self.fetching < self.readers)
+                    )
                 )
             )
+            self.fetching += bool(size) and not self.closed
             return not self.closed
+
+    def fetched(self, _: Future[bytes]) -> None:
+        """A GET ended (its future's callback)."""
+        with self.changed:
+            self.fetching -= 1
+            self.changed.notify_all()
 
     def put(self, entry: Entry, size: int) -> None:
         with self.changed:
