@@ -107,6 +107,16 @@ def test_objects_below_a_prefix_mount_as_files_with_their_bytes_sizes_and_times(
         assert not list(found["marked-empty/"].iterdir())
 
 
+def test_a_prefix_of_objects_packs_into_a_dataset_in_a_bucket(s3_server, s3: str, tmp_path: Path) -> None:
+    put(s3_server, f"{s3}/objects", TREE)
+    dlfs("pack", f"{s3}/objects/", f"{s3}/dataset", "--shard-size", str(SMALL_SHARD))
+    local = tmp_path / "local"
+    dlfs("pack", f"{s3}/objects/", local)
+    assert "OK: checked" in dlfs("verify", f"{s3}/dataset").stdout
+    assert dlfs("ls", "-R", f"{s3}/dataset").stdout == dlfs("ls", "-R", local).stdout
+    assert packed_files(local) == {key.encode(): body for key, body in TREE.items() if not key.endswith("/")}
+
+
 def test_a_large_object_is_fetched_in_ranged_gets_and_streamed_into_its_shard(
     s3_server, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
