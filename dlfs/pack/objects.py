@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import replace
 from typing import BinaryIO, cast
 
@@ -91,8 +92,9 @@ class ObjectPrefix:
         order."""
         gets = ThreadPoolExecutor(self.readers, thread_name_prefix="dlfs-get", initializer=block_in_thread)
         try:
-            for member, data in self._fetched(gets, self.readers):
-                record_member(ledger, sink, member, data, options, summary)
+            with closing(self._fetched(gets, self.readers)) as fetched:  # its lister stops first
+                for member, data in fetched:
+                    record_member(ledger, sink, member, data, options, summary)
             sink.finish_pending()
         except ObjectChanged as exc:
             raise PackError(f"{exc.url} changed while it was packed; re-run dlfs pack") from None
