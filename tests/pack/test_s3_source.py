@@ -211,6 +211,36 @@ def test_many_small_objects_pack_with_many_gets_in_flight(
     assert packed_files(tmp_path / "dst") == {key.encode(): body for key, body in tree.items()}
 
 
+def test_gets_go_on_while_the_pass_is_busy_writing(
+    s3_server, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 4 GETs in flight and the pass held at its first member, all 40 objects still arrive:
+    fetched bytes wait for the pass, they do not stop the GETs."""
+    tree = {f"c/{i:03d}.bin": os.urandom(1000) for i in range(40)}
+    put(s3_server, s3, tree)
+    fetched: list[str] = []
+    get_object = S3Store.get_object
+
+    def counted(self: S3Store, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
+        data = get_object(self, key, etag, start, end)
+        fetched.append(key)
+        return data
+
+    record_member = objects.record_member
+    arrived: list[int] = []
+
+    def held_at_first(*args: object) -> None:
+        if not arrived:
+            arrived.append(wait_until(lambda: len(fetched) == 40, 20))
+        record_member(*args)
+
+    monkeypatch.setattr(S3Store, "get_object", counted)
+    monkeypatch.setattr(objects, "record_member", held_at_first)
+    pack(s3, tmp_path / "dst", PackOptions(progress=False, readers=4))
+    assert arrived == [True]
+    assert packed_files(tmp_path / "dst") == {key.encode(): body for key, body in tree.items()}
+
+
 @pytest.mark.parametrize(
     ("where", "words"),
     [
