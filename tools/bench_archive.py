@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,16 +198,8 @@ def timings(work: Work, repeat: int, started: float) -> dict[str, dict[str, floa
     return {name: spread(times[name]) for name in names}
 
 
-def reads(
-    work: Work,
-    jobs: Sequence[str],
-    temperatures: Sequence[str],
-    readers: int,
-    batch: int,
-    repeat: int,
-    started: float,
-) -> dict[str, dict[str, dict[str, float]]]:
-    """Every job and temperature on each of ``CASES``: the median run, by ``"JOB TEMPERATURE"``
+def reads(work: Work, args: argparse.Namespace, started: float) -> dict[str, dict[str, dict[str, float]]]:
+    """Every job and temperature of ``args`` on each of ``CASES``: the median run, by ``"JOB TEMPERATURE"``
     then case. Each dlfs mount reads its own published order; ratarmount, which has none, the in-place
     one's (the same tar read in the same sequence)."""
     tree = bench.Tree.walk(str(work.src))
@@ -229,17 +221,17 @@ def reads(
         "ratarmount": (ratarmount, work.train),
     }
     results: dict[str, dict[str, dict[str, float]]] = {}
-    for job in jobs:
-        for temperature in temperatures:
+    for job in args.jobs.split(","):
+        for temperature in args.temperatures.split(","):
             for case, (mount, storage) in cases.items():
                 items = bench.job_items(job, tree, orders[case], 0)
                 runs = [
-                    one_run(job, items, readers, batch, temperature, mount, storage, work.mnt)[0]
-                    for _ in range(repeat)
+                    one_run(job, items, args.readers, args.batch, temperature, mount, storage, work.mnt)[0]
+                    for _ in range(args.repeat)
                 ]
                 row = bench.median_runs(runs)
                 results.setdefault(f"{job} {temperature}", {})[case] = row
-                progress(started, f"{job} {temperature:4}  {case:10} {row['items_per_s']:9,.0f} files/s")
+                progress(started, f"{job} {temperature}, {case}: {row['items_per_s']:,.0f} files/s")
     return results
 
 
@@ -276,15 +268,7 @@ def main() -> None:
     prepared = time.monotonic()
     tree = bench.Tree.walk(str(work.src))
     seconds = timings(work, args.repeat, started)
-    read = reads(
-        work,
-        args.jobs.split(","),
-        args.temperatures.split(","),
-        args.readers,
-        args.batch,
-        args.repeat,
-        started,
-    )
+    read = reads(work, args, started)
     results = {
         "options": vars(args) | {"work": str(args.work)},
         "files": len(tree.files),
@@ -317,9 +301,9 @@ def render(data: Json) -> list[str]:
         f"{data['files']:,} real JPEGs ({size['files'] / 1e9:.2f} GB) in {data['classes']} class tars "
         f"inside `{TRAIN}` ({size[TRAIN] / 1e9:.2f} GB), as ImageNet's train tar is laid out; the same "
         f"files as class folders in `{TAR_GZ}` ({size[TAR_GZ] / 1e9:.2f} GB) and `{ZIP}` "
-        f"({size[ZIP] / 1e9:.2f} GB). Medians of {options['repeat']} runs; the measurements took "
-        f"{data['run_seconds'] / 60:.0f} min (making the data, on first use, "
-        f"{data['prepare_seconds'] / 60:.0f} min before them).",
+        f"({size[ZIP] / 1e9:.2f} GB). {runs(options['repeat'])}; the measurements took "
+        f"{data['run_seconds'] / 60:.1f} min (making the data, on first use, "
+        f"{data['prepare_seconds'] / 60:.1f} min before them).",
         "",
         "Every command from a cold page cache, its output removed first; the commands take turns, "
         "the order rotating each round. Ratio: the command's time over the time of the one it is "
@@ -340,6 +324,10 @@ def render(data: Json) -> list[str]:
             rows.append([*cells, f"`{against}`", f"{got:.2f}{TIMES}", target])
     out += table(["command", f"seconds (min{DASH}max)", "against", "ratio", "target"], rows)
     return [*out, "", *reads_table(data), "", *memory_table(data), ""]
+
+
+def runs(repeat: int) -> str:
+    return f"Medians of {repeat} runs" if repeat > 1 else "One run each"
 
 
 def met(ok: bool) -> str:
