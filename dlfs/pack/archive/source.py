@@ -120,6 +120,8 @@ class Archive:
             if item is None:
                 break
             member, data = item
+            if options.path_map is not None and not member.problem:
+                options.path_map.place(member)
             if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
                 ledger.symlinks.add(member.path)
             try:
