@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, dlfs, mounted
+from conftest import TOOLS, assert_one_line_error, dlfs, mounted, tool
 
 from dlfs.core import format as fmt
 
@@ -104,21 +104,31 @@ def test_the_map_places_members_from_every_kind_of_source(tmp_path: Path, kind: 
         assert oct((mnt / "val" / LABELS[0]).stat().st_mode & 0o7777) == oct(0o755)
 
 
-def test_a_flat_val_tar_and_its_map_make_an_image_folder(tmp_path: Path) -> None:
-    """The real torchvision ImageFolder finds the classes and their images on the mount."""
+def test_a_flat_val_tar_and_the_devkit_map_make_an_image_folder(tmp_path: Path) -> None:
+    """ImageNet's layout: the images at the tar's root (here as ``./NAME``), classes given by id in
+    the devkit's ground truth, ids not in wnid order; the tool writes the map, and the real
+    torchvision ImageFolder finds the classes and their images on the mount."""
     from torchvision import datasets
 
-    src, _ = source("tar", tmp_path)
+    src = flat_val(tmp_path / "src")
+    tar = tmp_path / "ILSVRC2012_img_val.tar"
+    run("tar", "-cf", tar, "-C", src / "val", ".")
+    wnids = sorted(set(LABELS) | {f"n{k:08d}" for k in range(1000 - len(set(LABELS)))}, reverse=True)
+    (tmp_path / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    (tmp_path / "truth.txt").write_text("".join(f"{wnids.index(w) + 1}\n" for w in LABELS))
+    made = tool(TOOLS / "imagenet_val_map.py", tmp_path / "truth.txt", "--wnids", tmp_path / "wnids.txt")
+    (tmp_path / "val.csv").write_text(made.stdout)
     dst = tmp_path / "dst"
-    dlfs("pack", src, dst, "--map", val_map(tmp_path / "map.csv"))
+    dlfs("pack", tar, dst, "--map", tmp_path / "val.csv")
     with mounted(dst, tmp_path / "mnt") as mnt:
-        dataset = datasets.ImageFolder(str(mnt / "val"))
+        dataset = datasets.ImageFolder(str(mnt))
         assert dataset.classes == sorted(set(LABELS))
         counts = {name: dataset.targets.count(k) for name, k in dataset.class_to_idx.items()}
         assert counts == {wnid: LABELS.count(wnid) for wnid in set(LABELS)}
-        path, target = dataset.samples[0]
-        assert Path(path).read_bytes() == image(int(Path(path).stem.rpartition("_")[2]))
-        assert dataset.classes[target] == Path(path).parent.name
+        for path, target in dataset.samples:
+            number = int(Path(path).stem.rpartition("_")[2])
+            assert Path(path).read_bytes() == image(number)
+            assert dataset.classes[target] == LABELS[number - 1]
 
 
 def test_a_flat_folder_with_labels_csv_packs_into_class_folders(tmp_path: Path) -> None:
