@@ -17,9 +17,8 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.pack.archive import rows
 from dlfs.pack.archive.ledger import Folder, Ledger
-from dlfs.pack.archive.members import Member, Refused
-from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
-from dlfs.pack.path_map import PathMap
+from dlfs.pack.archive.members import Member
+from dlfs.pack.options import PackOptions, PackSummary
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Column, Spill
 from dlfs.pack.walk import Tree
@@ -28,9 +27,9 @@ from dlfs.pack.walk import Tree
 ROWS_CHUNK = 1 << 16
 
 
-def remap(walked: Tree, path_map: PathMap, spill: Spill, options: PackOptions, summary: PackSummary) -> Tree:
-    """``walked`` (in columns of its own, not ``spill``'s) with every member where ``path_map``
-    places it."""
+def remap(walked: Tree, spill: Spill, options: PackOptions, summary: PackSummary) -> Tree:
+    """``walked`` (in columns of its own, not ``spill``'s) with every member where
+    ``options.path_map`` places it."""
     owners = {number: owner for owner, number in walked.owners.items()}
     mode, owner, mtime = (int(walked.columns[name].read(0, 1)[0]) for name in ("mode", "owner", "mtime"))
     ledger = Ledger(spill, Folder(fmt.ROOT_ROW, b"", stat.S_IMODE(mode), *owners[owner], mtime))
@@ -57,7 +56,7 @@ def remap(walked: Tree, path_map: PathMap, spill: Spill, options: PackOptions, s
                 targets.get(row, b""),
                 offset=row,
             )
-            _record(member, path_map, ledger, options, summary)
+            _record(member, ledger, options, summary)
     tree, file_members = rows.layout(ledger, spill, options, summary)
     origin = spill.column("origin", np.uint64, len(tree))
     for start, stop in tree.files.chunks(ROWS_CHUNK):
@@ -74,19 +73,9 @@ def _bounds(ends: Column, first: int, last: int) -> tuple[np.ndarray, np.ndarray
     return np.concatenate((before, stop))[:-1], stop
 
 
-def _record(
-    member: Member, path_map: PathMap, ledger: Ledger, options: PackOptions, summary: PackSummary
-) -> None:
+def _record(member: Member, ledger: Ledger, options: PackOptions, summary: PackSummary) -> None:
     """One walked entry into the ledger, where the map places it."""
-    path_map.place(member)
-    if member.kind == stat.S_IFLNK:
-        ledger.symlinks.add(member.path)
-    try:
-        if member.problem:
-            raise Refused(member.problem)
-        ledger.check_path(member.path)
-    except Refused as exc:
-        fail_or_skip(str(exc), options, summary, member.path)
+    if not ledger.admit(member, options, summary):
         return
     if member.kind == stat.S_IFDIR:
         ledger.folder(member)

@@ -245,7 +245,7 @@ def _walk(
     if options.path_map is None:
         return walk(src, spill, options, summary, pool)
     walked = walk(src, spill.inner(), options, summary, pool)
-    return remap(walked, options.path_map, spill, options, summary)
+    return remap(walked, spill, options, summary)
 
 
 def _pack_locked(

@@ -16,8 +16,8 @@ the lines), and a member left in place at a path the map gives another one is re
 that would silently replace members is a wrong map, not the last-one-wins of ``tar x``.
 
 Memory: no Python object per entry. Both columns' bytes lie in two blobs, with a sorted array of
-64-bit hashes for each (looked up with ``searchsorted``, the bytes compared on a match), about
-45 bytes an entry beside the names themselves (docs/design.md has the figure at ImageNet scale).
+64-bit hashes for each (searched with ``bisect``, the bytes compared on a match), about 45 bytes
+an entry beside the names themselves (docs/design.md has the figure at ImageNet scale).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import logging
 import os
 import stat
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 
 import numpy as np
@@ -56,23 +57,25 @@ class _Column:
         self._hashes.append(xxhash.xxh3_64_intdigest(path))
 
     def seal(self) -> None:
-        """Sort the entries by hash, for ``find``; the unsorted hashes are dropped."""
+        """Sort the entries by hash, for ``find``; the unsorted hashes are dropped. The sorted
+        arrays are ``array`` s, which ``bisect`` searches in C without a numpy scalar per step."""
         hashes = np.frombuffer(self._hashes, dtype=np.uint64)
-        self.order = np.argsort(hashes, kind="stable").astype(np.uint32)
-        self.sorted = hashes[self.order]
-        self.ends = np.frombuffer(self._ends, dtype=np.uint64)
-        del self._hashes
+        order = np.argsort(hashes, kind="stable")
+        self.order, self.sorted = array("I"), array("Q")
+        self.order.frombytes(memoryview(order.astype(np.uint32)).cast("B"))
+        self.sorted.frombytes(memoryview(hashes[order]).cast("B"))
+        del hashes, self._hashes
 
     def __getitem__(self, entry: int) -> bytes:
-        start = int(self.ends[entry - 1]) if entry else 0
-        return bytes(self.blob[start : int(self.ends[entry])])
+        start = self._ends[entry - 1] if entry else 0
+        return bytes(self.blob[start : self._ends[entry]])
 
     def find(self, path: bytes) -> int:
         """The entry holding ``path``, or -1."""
-        key = np.uint64(xxhash.xxh3_64_intdigest(path))
-        at = int(np.searchsorted(self.sorted, key))
+        key = xxhash.xxh3_64_intdigest(path)
+        at = bisect_left(self.sorted, key)
         while at < len(self.sorted) and self.sorted[at] == key:
-            entry = int(self.order[at])
+            entry = self.order[at]
             if self[entry] == path:
                 return entry
             at += 1
@@ -80,9 +83,9 @@ class _Column:
 
     def repeated(self) -> Iterator[tuple[int, int]]:
         """(earlier, later) entries holding the same path."""
-        same = np.flatnonzero(self.sorted[1:] == self.sorted[:-1])
-        for at in same.tolist():
-            first, second = sorted((int(self.order[at]), int(self.order[at + 1])))
+        hashes = np.frombuffer(self.sorted, dtype=np.uint64)
+        for at in np.flatnonzero(hashes[1:] == hashes[:-1]).tolist():
+            first, second = sorted((self.order[at], self.order[at + 1]))
             if self[first] == self[second]:
                 yield first, second
 
