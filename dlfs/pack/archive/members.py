@@ -102,7 +102,8 @@ def check_expansion(path: bytes, size: int, stored: int) -> None:
     if size > EXPANSION_MAX * max(stored, 1):
         raise Refused(
             f"sparse member {show(path)} expands {stored:,} stored bytes to {size:,}, more than "
-            f"{EXPANSION_MAX:,} times; it is damaged or an archive bomb"
+            f"{EXPANSION_MAX:,} times: an archive bomb, or a sparse file to extract (tar x) and pack as a "
+            "folder"
         )
 
 
