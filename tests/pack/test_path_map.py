@@ -104,6 +104,22 @@ def test_the_map_places_members_from_every_kind_of_source(tmp_path: Path, kind: 
         assert oct((mnt / "val" / LABELS[0]).stat().st_mode & 0o7777) == oct(0o755)
 
 
+def test_in_place_from_a_folder_of_tars_the_map_names_members_under_each_tars_folder(tmp_path: Path) -> None:
+    """A folder of WebDataset-like shards: ``val.tar`` becomes the folder ``val``, so its members are
+    ``val/NAME`` to the map, and are served in place from their new paths."""
+    src = flat_val(tmp_path / "src")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    run("tar", "-cf", shards / "val.tar", "-C", src / "val", *sorted(os.listdir(src / "val")))
+    dst = tmp_path / "dst"
+    result = dlfs("pack", "--in-place", shards, dst, "--map", val_map(tmp_path / "map.csv"), "--json")
+    assert json.loads(result.stdout)["mapped"] == len(LABELS)
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        assert files_under(mnt) == {
+            path: data for path, data in expected_tree().items() if path != "labels.csv"
+        }
+
+
 def test_a_flat_val_tar_and_the_devkit_map_make_an_image_folder(tmp_path: Path) -> None:
     """ImageNet's layout: the images at the tar's root (here as ``./NAME``), classes given by id in
     the devkit's ground truth, ids not in wnid order; the tool writes the map, and the real
