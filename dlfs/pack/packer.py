@@ -35,6 +35,7 @@ from dlfs.pack.archive.source import Archive
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
+from dlfs.pack.mapped_tree import remap
 from dlfs.pack.options import (
     PLACEMENTS,
     PROGRESS_EVERY,
@@ -237,6 +238,16 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             ) from None
 
 
+def _walk(
+    src: bytes, spill: Spill, options: PackOptions, summary: PackSummary, pool: ThreadPoolExecutor
+) -> Tree:
+    """The tree's rows, laid out again where ``--map`` moves its files."""
+    if options.path_map is None:
+        return walk(src, spill, options, summary, pool)
+    walked = walk(src, spill.inner(), options, summary, pool)
+    return remap(walked, spill, options, summary)
+
+
 def _pack_locked(
     src: bytes, archive: Archive | InPlace | None, store: Store, spill: Spill, options: PackOptions
 ) -> PackSummary:
@@ -259,7 +270,7 @@ def _pack_locked(
     ):
         try:
             if archive is None:
-                tree = walk(src, spill, options, summary, pool)
+                tree = _walk(src, spill, options, summary, pool)
                 placed = Placed(tree, spill)
                 _write_payloads(transforms or pool, tree, placed, shards, options, summary)
             elif isinstance(archive, InPlace):
@@ -303,6 +314,8 @@ def _pack_locked(
                 transforms.shutdown(wait=True, cancel_futures=True)
             shards.abort()
             raise
+    if options.path_map is not None:
+        summary.mapped, summary.unmapped, summary.map_unused = options.path_map.report()
     totals = rows.totals()
     summary.files = totals["files"]
     summary.directories = totals["directories"]
