@@ -16,23 +16,23 @@ mounting user could read: the daemon reads with that user's own credentials.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlfs.core.errors import ShardError, StoreError
-from dlfs.core.store.interface import ShardWriter, StoreOptions
+from dlfs.core.errors import ShardError
+from dlfs.core.store.archives import AGAIN
+from dlfs.core.store.interface import StoreOptions
 from dlfs.core.store.s3.location import Location
 from dlfs.core.store.s3.store import S3Store
+from dlfs.core.store.windows import Windows
 
 if TYPE_CHECKING:
     from obstore import Bytes
 
-AGAIN = "re-run dlfs pack --in-place"
 #: HEADs in flight at once when a mount checks its objects (a folder of shards may hold thousands).
 CHECKERS = 16
 
 
-class S3ArchiveStore(S3Store):
+class S3ArchiveStore(Windows, S3Store):
     """The windows of an in-place dataset's tar objects, all in one bucket (``format`` checks it),
     read like a prefix's shards. Read-only."""
 
@@ -75,28 +75,6 @@ class S3ArchiveStore(S3Store):
         number, base, _ = self._windows[name]
         key, etag = self._objects[number]
         return self.get_object(key, base + offset, length, etag)
-
-    def size(self, name: str) -> int | None:
-        window = self._windows.get(name)
-        return None if window is None else window[2]
-
-    def sizes(self) -> dict[str, int]:
-        return {name: size for name, (_, _, size) in self._windows.items()}
-
-    def names(self) -> list[str]:
-        return sorted(self._windows)
-
-    def map_index(self, name: str) -> memoryview:
-        raise StoreError("an in-place dataset's archives hold no index")
-
-    def put_file(self, name: str, path: Path) -> None:
-        raise StoreError("an in-place dataset's archives are read-only")
-
-    def create(self, name: str) -> ShardWriter:
-        raise StoreError("an in-place dataset's archives are read-only")
-
-    def delete(self, name: str) -> None:
-        raise StoreError("an in-place dataset's archives are read-only")
 
     def abort_uploads(self) -> None:
         """Nothing is uploaded to an in-place dataset's archives."""
