@@ -16,7 +16,7 @@ from seaweed import SeaweedServer
 from test_archive import WRITERS, extract, listing, safe_odd_tree
 
 from dlfs.core.index import Index
-from dlfs.core.protocol import parse_order
+from dlfs.core.protocol import order_path, parse_order
 from dlfs.core.store import LocalStore
 
 pytestmark = pytest.mark.timeout(180)
@@ -216,6 +216,30 @@ def test_the_read_ahead_fetches_the_published_order_from_s3(
     assert data == [expected[str(path.relative_to(mnt))] for path in paths]
     # Every file but the sentinels the read-ahead leaves to the reader (one in sentinel_every).
     assert readahead["pushed_files"] >= len(paths) * 0.8, readahead
+
+
+def test_two_nodes_each_fetch_about_half_of_the_tars(
+    tmp_path: Path, s3_server: SeaweedServer, s3: str, mount
+) -> None:
+    """As for a packed dataset in S3 (``test_s3_mount``): two mounts stand for ranks 0 and 1 of 2,
+    and each one's read-ahead fetches its rank's files, about half of the tars' bytes."""
+    expected = write_shards(tmp_path / "shards", shards=4, samples=60)
+    tars = sorted((tmp_path / "shards").glob("*.tar"))
+    for tar in tars:
+        upload(s3_server, f"{s3}/shards/{tar.name}", tar)
+    dlfs("pack", "--in-place", f"{s3}/shards/", tmp_path / "dst")
+    total = sum(tar.stat().st_size for tar in tars)
+    flags = ("--order", "block", "--block", "32", "--window", "64", "--readahead-budget", "8M")
+    fetched = []
+    with mount(tmp_path / "dst", *flags) as node0, mount(tmp_path / "dst", *flags) as node1:
+        for rank, mnt in enumerate((Path(node0), Path(node1))):
+            paths = parse_order(order_path(mnt, 0, 2, rank).read_bytes())
+            for path in paths:
+                assert (mnt / path).read_bytes() == expected[path]
+            fetched.append(stats(mnt)["store"]["bytes"])
+    shares = [part / total for part in fetched]
+    assert all(0.35 < share < 0.75 for share in shares), shares
+    assert sum(shares) < 1.3, shares
 
 
 def test_info_ls_and_verify_name_the_s3_tars(shards: tuple[str, dict[str, bytes]], tmp_path: Path) -> None:

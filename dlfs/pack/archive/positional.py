@@ -5,8 +5,8 @@ The pass reads a tar forwards twice over at once: the header stream (``streams.S
 member's bytes, hashed where they lie while the stream seeks past them. A local file is asked for
 ``HINT_AHEAD`` ahead of the member being hashed. An object in S3 is fetched in blocks of ``BLOCK``,
 ``AHEAD`` of them in flight, and both readers take their bytes from the blocks: members are small,
-and a GET each would cost a round trip each. Every GET asks for the version listed (``If-Match``),
-so an object written again during the pass fails it rather than mixing two versions.
+and a GET each would cost a round trip each. Every GET asks for the version a HEAD found
+(``If-Match``), so an object written again during the pass fails it rather than mixing versions.
 """
 
 from __future__ import annotations
