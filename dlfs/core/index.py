@@ -152,7 +152,8 @@ class Index:
         with its shards checked (``check_shards``); or, for an in-place dataset, a store of its
         archives, each checked to be the file or object indexed (``store.archives``,
         ``store.s3.archives``; objects in S3 behind the disk tier of ``options.cache_dir``), which
-        the caller closes as well as ``store``."""
+        the caller closes as well as ``store``, unless it is ``store`` itself: a disk tier that the
+        index was read through stands in front of the objects instead."""
         options = options or StoreOptions()
         if options.cache_dir and isinstance(store, LocalStore) and not self.archives_in_s3:
             raise DatasetError(
@@ -172,6 +173,9 @@ class Index:
             from dlfs.core.store.s3.archives import S3ArchiveStore
 
             objects: Store = S3ArchiveStore(self.archives, windows, options)
+            if isinstance(store, CachedStore):  # the index came through the tier: it serves the objects now
+                store.front(objects)
+                return store
             if options.cache_dir:
                 return CachedStore(objects, options.cache_dir, options.cache_dir_size or None)
             return objects

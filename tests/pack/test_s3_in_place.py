@@ -173,17 +173,20 @@ def test_an_object_rewritten_after_the_mount_reads_as_eio(
         assert info.value.errno == errno.EIO
 
 
+@pytest.mark.parametrize("index_in", ["directory", "bucket"])
 def test_the_disk_tier_serves_a_second_read_without_gets(
-    shards: tuple[str, dict[str, bytes]], tmp_path: Path, mount
+    shards: tuple[str, dict[str, bytes]], tmp_path: Path, mount, index_in: str
 ) -> None:
+    """Also where the index is in the bucket, read through the same disk tier."""
     prefix, expected = shards
-    dlfs("pack", "--in-place", prefix, tmp_path / "dst")
+    dst = tmp_path / "dst" if index_in == "directory" else prefix.removesuffix("shards/") + "dataset"
+    dlfs("pack", "--in-place", prefix, dst)
     cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M")
-    with mount(tmp_path / "dst", *cache) as mnt:
+    with mount(dst, *cache) as mnt:
         assert files_of(Path(mnt)) == expected
         assert stats(Path(mnt))["disk_cache"]["misses"] > 0
     assert list((tmp_path / "cache" / "shards").glob("*.window"))
-    with mount(tmp_path / "dst", *cache) as mnt:
+    with mount(dst, *cache) as mnt:
         before = stats(Path(mnt))["store"]
         assert files_of(Path(mnt)) == expected
         after = stats(Path(mnt))
