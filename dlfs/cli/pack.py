@@ -73,7 +73,8 @@ def add_parser(sub: Subparsers) -> None:
         "--in-place",
         action="store_true",
         help="write only an index: the mount serves every member from SRC itself, an uncompressed tar or a "
-        "folder of .tar files (each a folder named after it), which must then stay where and as it is",
+        "folder of .tar files (each a folder named after it), local or in S3 (s3://BUCKET/KEY.tar, "
+        "s3://BUCKET/PREFIX/), which must then stay where and as it is",
     )
     p.add_argument(
         "--map",

@@ -64,7 +64,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
-    if os.fspath(src) != "-" and not src_path.exists():
+    if os.fspath(src) != "-" and not (options.in_place and is_s3(src)) and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
     tree = os.fspath(src) != "-" and src_path.is_dir()
@@ -75,7 +75,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
             "an archive's members are laid into shards as they arrive; "
             "--placement random needs a directory tree"
         )
-    archive = _archive(src_path, tree, dst, options)
+    archive = _archive(src, tree, dst, options)
     try:
         with interruptible():
             if is_s3(dst):
@@ -90,16 +90,18 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
 
 
 def _archive(
-    src: Path, tree: bool, dst: str | os.PathLike[str], options: PackOptions
+    src: str | os.PathLike[str], tree: bool, dst: str | os.PathLike[str], options: PackOptions
 ) -> Archive | InPlace | None:
     """The archive source opened, or None for a directory ``tree``."""
     if not options.in_place:
         return None if tree else Archive(os.fspath(src))
     if options.compress or options.transform is not None:
         raise PackError("--in-place serves the tars' own bytes; it takes neither --compress nor --transform")
-    if is_s3(dst):
-        raise PackError("--in-place writes only an index, to a local directory; give a directory as DST")
-    return InPlace(os.fspath(src))
+    if is_s3(dst) and not is_s3(src):
+        raise PackError(
+            "--in-place of local tars writes only an index, to a local directory; give a directory as DST"
+        )
+    return InPlace(os.fspath(src), options.store)
 
 
 def _pack_to_directory(

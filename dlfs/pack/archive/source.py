@@ -74,9 +74,9 @@ class Sink(Protocol):
 class Archive:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
-    def __init__(self, source: str, read_ahead: bool = True) -> None:
-        """``read_ahead``: see ``ArchiveStream``."""
-        self.stream = ArchiveStream(source, read_ahead)
+    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
+        """``read_ahead``, ``opened``: see ``ArchiveStream``."""
+        self.stream = ArchiveStream(source, read_ahead, opened)
         self.kind = self.stream.kind
         self.name = self.stream.name
         if self.stream.file is not None:

@@ -131,10 +131,18 @@ class S3Store:
         """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
         ``bytes`` of it first would copy it twice (the daemon's CPU per GiB from the store is
         mostly copies; docs/design.md)."""
+        return self.get_object(name, offset, length)
+
+    def get_object(self, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
+        """One ranged GET of ``key``; with ``etag``, only of that version of the object: one
+        written since fails (``If-Match``), never reads as other bytes."""
         import obstore
 
-        with self._errors(f"reading {self.url}/{name} at {offset}"):
-            return obstore.get_range(self._store, name, start=offset, length=length)
+        with self._errors(f"reading {self.url}/{key} at {offset}"):
+            if etag is None:
+                return obstore.get_range(self._store, key, start=offset, length=length)
+            options: dict[str, Any] = {"range": (offset, offset + length), "if_match": etag}
+            return obstore.get(self._store, key, options=options).bytes()  # type: ignore[arg-type]
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         if not wait:
@@ -149,11 +157,16 @@ class S3Store:
         self.hints.hint(name, offset, length)
 
     def size(self, name: str) -> int | None:
+        found = self.head(name)
+        return None if found is None else found.size
+
+    def head(self, name: str) -> StoredObject | None:
+        """The object ``name`` as a HEAD describes it, or None where there is none."""
         import obstore
 
         with self._errors(f"looking up {self.url}/{name}"):
             try:
-                return int(obstore.head(self._store, name)["size"])
+                return _stored(obstore.head(self._store, name))
             except FileNotFoundError:
                 # A HEAD's 404 has no body to tell a missing object from a missing bucket.
                 self.sizes()  # raises for a missing bucket
@@ -179,14 +192,7 @@ class S3Store:
 
         with self._errors(f"listing {self.url}"):
             for page in obstore.list(self._store, chunk_size=1000):
-                for meta in page:
-                    modified = meta["last_modified"]
-                    yield StoredObject(
-                        key=meta["path"],
-                        size=int(meta["size"]),
-                        etag=meta["e_tag"] or "",
-                        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
-                    )
+                yield from map(_stored, page)
 
     def map_index(self, name: str) -> memoryview:
         size = self.size(name)
@@ -276,3 +282,14 @@ class S3Store:
 
     def close(self) -> None:
         self.hints.close()
+
+
+def _stored(meta: Any) -> StoredObject:
+    """obstore's description of an object (a listing's or a HEAD's)."""
+    modified = meta["last_modified"]
+    return StoredObject(
+        key=meta["path"],
+        size=int(meta["size"]),
+        etag=meta["e_tag"] or "",
+        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+    )
