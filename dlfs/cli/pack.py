@@ -75,7 +75,14 @@ def add_parser(sub: Subparsers) -> None:
         "--in-place",
         action="store_true",
         help="write only an index: the mount serves every member from SRC itself, an uncompressed tar or a "
-        "folder of .tar files (each a folder named after it), which must then stay where and as it is",
+        "folder of .tar files (each a folder named after it), local or in S3 (s3://BUCKET/KEY.tar, "
+        "s3://BUCKET/PREFIX/), which must then stay where and as it is",
+    )
+    p.add_argument(
+        "--map",
+        metavar="FILE",
+        help="move members to where training code expects them: a CSV (or TSV) of 'source path,tree "
+        "path' lines, e.g. a flat validation tar into class folders; members it does not name stay",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     store_flags(p)
@@ -84,6 +91,7 @@ def add_parser(sub: Subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from dlfs.core.store import is_s3
     from dlfs.pack import DEFAULT_READERS, PackOptions, objects, pack
+    from dlfs.pack.path_map import PathMap
     from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
@@ -100,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         transform=parse_transform(args.transform) if args.transform else None,
         expand_tars=args.expand_tars,
         in_place=args.in_place,
+        path_map=PathMap(args.map) if args.map else None,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -130,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
     if summary.duplicates:
         print(
             f"{summary.duplicates} archive members replaced by a later one at the same path (as tar x does)"
+        )
+    if options.path_map is not None:
+        print(
+            f"--map moved {summary.mapped} files and links, left {summary.unmapped} where they were"
+            + (f"; {summary.map_unused} of its entries named no member" if summary.map_unused else "")
         )
     if summary.skipped_special or summary.skipped_errors:
         print(

@@ -26,7 +26,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
@@ -135,13 +135,17 @@ class ObjectPrefix:
                     return
                 future = None
                 if whole:
-                    future = gets.submit(self.store.get_object, stored.key, stored.etag)
+                    future = gets.submit(self._get, stored, 0, stored.size)
                     future.add_done_callback(window.fetched)
                 window.put((member, stored, future), held)
         except BaseException as exc:  # handed to the caller, which raises it
             window.end(exc)
         else:
             window.end()
+
+    def _get(self, stored: StoredObject, offset: int, length: int) -> bytes:
+        """``length`` bytes of the object at ``offset``, of the version listed."""
+        return bytes(self.store.get_object(stored.key, offset, length, stored.etag))
 
     def _ready(self, entry: Entry, gets: Executor) -> tuple[Member, BinaryIO | None]:
         member, stored, future = entry
@@ -151,7 +155,7 @@ class ObjectPrefix:
             return member, io.BytesIO(future.result())
         if member.size == 0:
             return member, io.BytesIO()
-        return member, cast(BinaryIO, _Ranged(self.store, stored, gets))
+        return member, cast(BinaryIO, _Ranged(self._get, stored, gets))
 
 
 #: A member, its object, and the GET of its bytes where it is fetched whole.
@@ -268,9 +272,11 @@ class _Ranged(io.RawIOBase):
     """A large object's bytes, read in order: ranged GETs of STREAM_CHUNK, RANGES_AHEAD of them in
     flight ahead of the reader, each only of the listed version."""
 
-    def __init__(self, store: S3Store, stored: StoredObject, gets: Executor) -> None:
+    def __init__(
+        self, get: Callable[[StoredObject, int, int], bytes], stored: StoredObject, gets: Executor
+    ) -> None:
         super().__init__()
-        self._store, self._stored, self._gets = store, stored, gets
+        self._get, self._stored, self._gets = get, stored, gets
         self._starts = iter(range(0, stored.size, STREAM_CHUNK))
         self._pending: deque[Future[bytes]] = deque()
         self._chunk, self._at = b"", 0
@@ -280,10 +286,8 @@ class _Ranged(io.RawIOBase):
     def _request(self) -> None:
         start = next(self._starts, None)
         if start is not None:
-            end = min(start + STREAM_CHUNK, self._stored.size)
-            self._pending.append(
-                self._gets.submit(self._store.get_object, self._stored.key, self._stored.etag, start, end)
-            )
+            length = min(STREAM_CHUNK, self._stored.size - start)
+            self._pending.append(self._gets.submit(self._get, self._stored, start, length))
 
     def readable(self) -> bool:
         return True

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, wait_until
+from obstore import Bytes
 
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
@@ -117,6 +118,13 @@ def test_a_prefix_of_objects_packs_into_a_dataset_in_a_bucket(s3_server, s3: str
     assert packed_files(local) == {key.encode(): body for key, body in TREE.items() if not key.endswith("/")}
 
 
+def test_the_map_places_objects_as_it_places_archive_members(s3_server, s3: str, tmp_path: Path) -> None:
+    put(s3_server, s3, {"val/a.JPEG": b"a", "val/b.JPEG": b"b"})
+    (tmp_path / "val.csv").write_text("val/a.JPEG,n01/a.JPEG\nval/b.JPEG,n02/b.JPEG\n")
+    dlfs("pack", f"{s3}/", tmp_path / "dst", "--map", tmp_path / "val.csv")
+    assert packed_files(tmp_path / "dst") == {b"n01/a.JPEG": b"a", b"n02/b.JPEG": b"b"}
+
+
 def test_a_large_object_is_fetched_in_ranged_gets_and_streamed_into_its_shard(
     s3_server, s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,19 +134,20 @@ def test_a_large_object_is_fetched_in_ranged_gets_and_streamed_into_its_shard(
     monkeypatch.setattr(source, "STREAM_CHUNK", 300)
     big = os.urandom(2500)
     put(s3_server, s3, {"big.bin": big, "small.bin": b"s"})
-    ranges: dict[str, list[tuple[int, int | None]]] = {}
+    ranges: dict[str, list[tuple[int, int]]] = {}
     get_object = S3Store.get_object
 
-    def spy(self: S3Store, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
-        ranges.setdefault(key, []).append((start, end))
-        return get_object(self, key, etag, start, end)
+    def spy(self: S3Store, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
+        assert etag is not None
+        ranges.setdefault(key, []).append((offset, length))
+        return get_object(self, key, offset, length, etag)
 
     monkeypatch.setattr(S3Store, "get_object", spy)
     pack(s3, tmp_path / "dst", PackOptions(progress=False))
     assert packed_files(tmp_path / "dst") == {b"big.bin": big, b"small.bin": b"s"}
     assert ranges == {
-        "big.bin": [(start, min(start + 300, 2500)) for start in range(0, 2500, 300)],
-        "small.bin": [(0, None)],
+        "big.bin": [(start, min(300, 2500 - start)) for start in range(0, 2500, 300)],
+        "small.bin": [(0, 1)],
     }
 
 
@@ -200,10 +209,10 @@ def test_many_small_objects_pack_with_many_gets_in_flight(
     barrier = threading.Barrier(32, timeout=20)
     get_object = S3Store.get_object
 
-    def meeting(self: S3Store, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
+    def meeting(self: S3Store, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
         if key < "n00/00640":  # the first 32 keys listed: n00/00000, n00/00020, ..., n00/00620
             barrier.wait()
-        return get_object(self, key, etag, start, end)
+        return get_object(self, key, offset, length, etag)
 
     monkeypatch.setattr(S3Store, "get_object", meeting)
     summary = pack(s3, tmp_path / "dst", PackOptions(progress=False, readers=objects.DEFAULT_READERS))
@@ -221,8 +230,8 @@ def test_gets_go_on_while_the_pass_is_busy_writing(
     fetched: list[str] = []
     get_object = S3Store.get_object
 
-    def counted(self: S3Store, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
-        data = get_object(self, key, etag, start, end)
+    def counted(self: S3Store, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
+        data = get_object(self, key, offset, length, etag)
         fetched.append(key)
         return data
 
@@ -261,7 +270,6 @@ def test_a_source_that_cannot_be_listed_is_one_line(
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--in-place"], ["--in-place", "without it"]),
         (["--expand-tars"], ["--expand-tars", "prefix of objects"]),
         (["--placement", "random"], ["--placement random"]),
     ],

@@ -24,12 +24,12 @@ from tqdm import tqdm
 from dlfs.core import format as fmt
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
-from dlfs.pack.archive.members import Member, Refused
+from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
-from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
+from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
@@ -74,9 +74,9 @@ class Sink(Protocol):
 class Archive:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
-    def __init__(self, source: str, read_ahead: bool = True) -> None:
-        """``read_ahead``: see ``ArchiveStream``."""
-        self.stream = ArchiveStream(source, read_ahead)
+    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
+        """``read_ahead``, ``opened``: see ``ArchiveStream``."""
+        self.stream = ArchiveStream(source, read_ahead, opened)
         self.kind = self.stream.kind
         self.name = self.stream.name
         if self.stream.file is not None:
@@ -159,14 +159,7 @@ def record_member(
     summary: PackSummary,
 ) -> None:
     """One member into ``ledger`` (a folder) or ``sink`` (the rest), unless a rule refuses it."""
-    if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-        ledger.symlinks.add(member.path)
-    try:
-        if member.problem:
-            raise Refused(member.problem)
-        ledger.check_path(member.path)
-    except Refused as exc:
-        fail_or_skip(str(exc), options, summary, member.path)
+    if not ledger.admit(member, options, summary):
         return
     if member.kind == stat.S_IFDIR:
         ledger.folder(member)

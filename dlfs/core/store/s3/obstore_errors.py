@@ -45,6 +45,8 @@ def explain(what: str, exc: Exception, endpoint: str, bucket: str) -> str:
         return _no_bucket(bucket, endpoint)
     if isinstance(exc, FileNotFoundError):
         return f"{what}: no such object"
+    if isinstance(exc, obe.PreconditionError):  # a GET of one version (If-Match) of an object
+        return f"{what}: the object has changed since it was indexed; re-run dlfs pack --in-place"
     untrusted = UNTRUSTED.search(text)
     if untrusted:
         return (

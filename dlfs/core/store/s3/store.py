@@ -34,10 +34,10 @@ LISTING_PAGE = 1000
 
 
 class ObjectChanged(StoreError):
-    """An object was written again after it was listed: its entity tag is no longer the listed one."""
+    """An object was written again since its entity tag was taken (listed, or indexed)."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(f"{url} changed after it was listed")
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(message)
         #: The object's URL.
         self.url = url
 
@@ -146,10 +146,24 @@ class S3Store:
         """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
         ``bytes`` of it first would copy it twice (the daemon's CPU per GiB from the store is
         mostly copies; docs/design.md)."""
-        import obstore
+        return self.get_object(name, offset, length)
 
-        with self._errors(f"reading {self.url}/{name} at {offset}"):
-            return obstore.get_range(self._store, name, start=offset, length=length)
+    def get_object(self, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
+        """One ranged GET of ``key``; with ``etag``, only of that version of the object: one
+        written since fails (``If-Match``, ``ObjectChanged``), never reads as other bytes."""
+        import obstore
+        import obstore.exceptions
+
+        what = f"reading {self.url}/{key} at {offset}"
+        with self._errors(what):
+            if etag is None:
+                return obstore.get_range(self._store, key, start=offset, length=length)
+            options: dict[str, Any] = {"range": (offset, offset + length), "if_match": etag}
+            try:
+                return obstore.get(self._store, key, options=options).bytes()  # type: ignore[arg-type]
+            except obstore.exceptions.PreconditionError as exc:
+                message = explain(what, exc, self.endpoint, self.location.bucket)
+                raise ObjectChanged(message, f"{self.url}/{key}") from None
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         if not wait:
@@ -164,11 +178,16 @@ class S3Store:
         self.hints.hint(name, offset, length)
 
     def size(self, name: str) -> int | None:
+        found = self.head(name)
+        return None if found is None else found.size
+
+    def head(self, name: str) -> StoredObject | None:
+        """The object ``name`` as a HEAD describes it, or None where there is none."""
         import obstore
 
         with self._errors(f"looking up {self.url}/{name}"):
             try:
-                return int(obstore.head(self._store, name)["size"])
+                return _stored(obstore.head(self._store, name))
             except FileNotFoundError:
                 # A HEAD's 404 has no body to tell a missing object from a missing bucket.
                 self.sizes()  # raises for a missing bucket
@@ -229,22 +248,6 @@ class S3Store:
                     etag=meta.get("ETag", ""),
                     mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
                 )
-
-    def get_object(self, key: str, etag: str, start: int = 0, end: int | None = None) -> bytes:
-        """The bytes ``start`` to ``end`` (the whole object where None) of the object ``key``, as
-        it was listed with the entity tag ``etag``; ``ObjectChanged`` once it was written again,
-        so the bytes of two versions are never mixed."""
-        import obstore
-        import obstore.exceptions
-
-        options: dict[str, Any] = {"if_match": etag}
-        if end is not None:
-            options["range"] = (start, end)
-        with self._errors(f"reading {self.url}/{key}"):
-            try:
-                return bytes(obstore.get(self._store, key, options=options).bytes())
-            except obstore.exceptions.PreconditionError:
-                raise ObjectChanged(f"{self.url}/{key}") from None
 
     def map_index(self, name: str) -> memoryview:
         size = self.size(name)
@@ -334,3 +337,14 @@ class S3Store:
 
     def close(self) -> None:
         self.hints.close()
+
+
+def _stored(meta: Any) -> StoredObject:
+    """obstore's description of an object (a listing's or a HEAD's)."""
+    modified = meta["last_modified"]
+    return StoredObject(
+        key=meta["path"],
+        size=int(meta["size"]),
+        etag=meta["e_tag"] or "",
+        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+    )
