@@ -144,9 +144,11 @@ bench-packmem: install
 # Archives as sources, ImageNet's train tar (a tar of class tars, 20k real JPEGs) first: packed, against cat and
 # tar x + pack; indexed in place, against cat and ratarmount --recursive; read in place, against packed and
 # ratarmount; a .tar.gz and a .zip packed, against tar xzf and unzip (tools/bench_archive.py; about 15 min).
-# Then WebDataset shards in S3 at bench-s3's network shape, served in place against the same files packed.
+# Then, at bench-s3's network shape: an S3 prefix of one object per file packed, against the best pool of
+# plain GETs; WebDataset shards in S3 served in place, against the same files packed.
 bench-archive: install
 	$(BIN)/python tools/bench_archive.py --json > docs/bench-archive.json
+	$(BIN)/python tools/bench_s3_source.py --json > docs/bench-archive-s3-source.json
 	$(BIN)/python tools/bench_s3_in_place.py --json > docs/bench-archive-s3-in-place.json
 
 # A GPU node's data path in one command, data generated included (tools/bench_node.py): run on the node

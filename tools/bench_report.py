@@ -66,6 +66,7 @@ SECTIONS = (
     Section("bench-bigindex", "bench_bigindex", ("bench-bigindex.json",)),
     Section("bench-packmem", "bench_packmem", ("bench-packmem.json",)),
     Section("bench-archive", "bench_archive", ("bench-archive.json",)),
+    Section("bench-archive", "bench_s3_source", ("bench-archive-s3-source.json",)),
     Section("bench-archive", "bench_s3_in_place", ("bench-archive-s3-in-place.json",)),
     Section("bench-node", "bench_node", ("bench-node.json",)),
 )
