@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-system wheels node-bundle test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-node bench-report clean
+.PHONY: install install-system wheels node-bundle test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-archive bench-node bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -142,6 +142,16 @@ bench-bigindex: install
 bench-packmem: install
 	$(BIN)/python tools/bench_packmem.py --json > docs/bench-packmem.json
 
+# Archives as sources, ImageNet's train tar (a tar of class tars, 20k real JPEGs) first: packed, against cat and
+# tar x + pack; indexed in place, against cat and ratarmount --recursive; read in place, against packed and
+# ratarmount; a .tar.gz and a .zip packed, against tar xzf and unzip (tools/bench_archive.py; about 15 min).
+# Then, at bench-s3's network shape: an S3 prefix of one object per file packed, against the best pool of
+# plain GETs; WebDataset shards in S3 served in place, against the same files packed.
+bench-archive: install
+	$(BIN)/python tools/bench_archive.py --json > docs/bench-archive.json
+	$(BIN)/python tools/bench_s3_source.py --json > docs/bench-archive-s3-source.json
+	$(BIN)/python tools/bench_s3_in_place.py --json > docs/bench-archive-s3-in-place.json
+
 # A GPU node's data path in one command, data generated included (tools/bench_node.py): run on the node
 # itself, so not part of `make bench`; `tools/bench_node.py --small` runs every part on a small machine.
 bench-node: install
@@ -152,7 +162,7 @@ bench-report: install
 	$(BIN)/python tools/bench_report.py
 
 bench: bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex \
-		bench-packmem
+		bench-packmem bench-archive
 	$(MAKE) bench-report
 
 clean:

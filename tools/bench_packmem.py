@@ -42,11 +42,12 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def pack_once(src: Path, dst: Path, placement: str) -> dict[str, float]:
-    """One ``dlfs pack`` of ``src`` into a fresh ``dst``: its summary, peak RSS and wall time."""
+def pack_once(src: Path | str, dst: Path, *flags: str) -> dict[str, float]:
+    """One ``dlfs pack --no-sync`` of ``src`` (a tree, or any source pack takes) into a fresh
+    ``dst`` with ``flags``: its summary, peak RSS and wall time."""
     shutil.rmtree(dst, ignore_errors=True)
     peak = dst.with_name("peak-rss-kib")
-    pack = [*DLFS, "pack", "--json", "--no-sync", "--placement", placement, str(src), str(dst)]
+    pack = [*DLFS, "pack", "--json", "--no-sync", *flags, str(src), str(dst)]
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-c", LAUNCHER, str(peak), *pack], stdout=subprocess.PIPE, check=False
@@ -58,6 +59,7 @@ def pack_once(src: Path, dst: Path, placement: str) -> dict[str, float]:
     shutil.rmtree(dst, ignore_errors=True)
     return {
         "files": summary["files"],
+        "bytes": summary["bytes"],
         "index_bytes": summary["index_bytes"],
         "pack_s": took,
         "files_per_s": summary["files"] / took,
@@ -80,7 +82,9 @@ def main() -> None:
         with dlfs_mount(ensure_dataset(args.work, shape), args.work / "mnt"):
             for placement in args.placement:
                 print(f"packing {shape} ({placement} placement) ...", file=sys.stderr, flush=True)
-                results[shape][placement] = pack_once(args.work / "mnt", args.work / "packed", placement)
+                results[shape][placement] = pack_once(
+                    args.work / "mnt", args.work / "packed", "--placement", placement
+                )
                 print(
                     f"{shape} {placement}: {json.dumps(results[shape][placement])}",
                     file=sys.stderr,

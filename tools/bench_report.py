@@ -65,6 +65,9 @@ SECTIONS = (
     Section("bench-transform", "bench_transform", ("bench-transform.json",)),
     Section("bench-bigindex", "bench_bigindex", ("bench-bigindex.json",)),
     Section("bench-packmem", "bench_packmem", ("bench-packmem.json",)),
+    Section("bench-archive", "bench_archive", ("bench-archive.json",)),
+    Section("bench-archive", "bench_s3_source", ("bench-archive-s3-source.json",)),
+    Section("bench-archive", "bench_s3_in_place", ("bench-archive-s3-in-place.json",)),
     Section("bench-node", "bench_node", ("bench-node.json",)),
 )
 
@@ -101,8 +104,8 @@ def commands(loaded: list[Loaded]) -> list[str]:
         )
     rows.append(["`make bench-report`", "`tools/bench_report.py`", "`benchmarks.md` (this page)"])
     intro = (
-        "Every figure below comes from `make bench` (about an hour and a quarter; data is generated under "
-        "`bench-data/` on first use, ~20 GB), which runs these targets in this order, the last one "
+        "Every figure below comes from `make bench` (about an hour and a half; data is generated under "
+        "`bench-data/` on first use, ~30 GB), which runs these targets in this order, the last one "
         "writing this page from the JSON the others leave in docs/. Each can be run alone; `make "
         "bench-node` runs on a GPU node, not in `make bench`. A dash: no JSON yet, or one that does not "
         "record its command."

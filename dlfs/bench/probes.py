@@ -68,8 +68,11 @@ def daemon_pid(root: str) -> int | None:
 
     The kernel does not say which process serves a mount, but every FUSE daemon in use (dlfs,
     squashfuse_ll, ratarmount) is started with the mountpoint as an argument, relative to its cwd.
+    Of several such processes the last started is the one serving now: the daemon of an earlier
+    mount of the same root may still be exiting, holding /dev/fuse until it has.
     """
     target = os.path.realpath(root)
+    found: list[tuple[int, int]] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -80,7 +83,14 @@ def daemon_pid(root: str) -> int | None:
             if named and any(
                 os.readlink(fd.path) == "/dev/fuse" for fd in os.scandir(os.path.join(entry.path, "fd"))
             ):
-                return int(entry.name)
+                found.append((_start_ticks(entry.path), int(entry.name)))
         except OSError:
             continue
-    return None
+    return max(found)[1] if found else None
+
+
+def _start_ticks(proc: str) -> int:
+    """When the process at ``proc`` (``/proc/PID``) started, in clock ticks since boot (field 22 of
+    its ``stat``, counted after the parenthesised command name, which may hold spaces)."""
+    stat = Path(proc, "stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         "dlfs_version": index.meta.get("dlfs_version"),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", created),
         "transform": index.transform or "none",
-        "archives": [archive["path"] for archive in index.archives],
+        "archives": [fmt.archive_location(archive) for archive in index.archives],
         "build": index.meta.get("build", {}),
         "leftovers": leftovers_at(args.dataset, store_options(args), index.dataset_id).names(),
     }

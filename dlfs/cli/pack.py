@@ -15,7 +15,8 @@ def add_parser(sub: Subparsers) -> None:
     p.add_argument(
         "src",
         help="what to pack: a directory tree; or an archive, read in one pass and never extracted: a tar "
-        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input",
+        "(plain, gz, zst, xz or bz2, told by its first bytes), a zip, or - for a tar on standard input; "
+        "or s3://BUCKET/PREFIX/, one object per file (keys' / make the folders)",
     )
     p.add_argument("dst", help="the dataset directory to write (created if missing), or s3://BUCKET/PREFIX")
     p.add_argument(
@@ -30,8 +31,9 @@ def add_parser(sub: Subparsers) -> None:
         "-j",
         type=int,
         metavar="N",
-        help="files read at once (default 2 per CPU, at most 8); with --transform, the worker "
-        "processes that read and transform them: one per CPU, at most N",
+        help="files read at once (default 2 per CPU, at most 8; from an s3:// source, GETs in flight, "
+        "default 64); with --transform, the worker processes that read and transform them: one per "
+        "CPU, at most N",
     )
     p.add_argument(
         "--compress",
@@ -73,19 +75,28 @@ def add_parser(sub: Subparsers) -> None:
         "--in-place",
         action="store_true",
         help="write only an index: the mount serves every member from SRC itself, an uncompressed tar or a "
-        "folder of .tar files (each a folder named after it), which must then stay where and as it is",
+        "folder of .tar files (each a folder named after it), local or in S3 (s3://BUCKET/KEY.tar, "
+        "s3://BUCKET/PREFIX/), which must then stay where and as it is",
+    )
+    p.add_argument(
+        "--map",
+        metavar="FILE",
+        help="move members to where training code expects them: a CSV (or TSV) of 'source path,tree "
+        "path' lines, e.g. a flat validation tar into class folders; members it does not name stay",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     store_flags(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dlfs.pack import DEFAULT_READERS, PackOptions, pack
+    from dlfs.core.store import is_s3
+    from dlfs.pack import DEFAULT_READERS, PackOptions, objects, pack
+    from dlfs.pack.path_map import PathMap
     from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
         shard_size=args.shard_size,
-        readers=args.readers or DEFAULT_READERS,
+        readers=args.readers or (objects.DEFAULT_READERS if is_s3(args.src) else DEFAULT_READERS),
         compress=args.compress == "lz4",
         placement=args.placement,
         seed=args.seed,
@@ -97,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         transform=parse_transform(args.transform) if args.transform else None,
         expand_tars=args.expand_tars,
         in_place=args.in_place,
+        path_map=PathMap(args.map) if args.map else None,
     )
     summary = pack(args.src, args.dst, options)
     if args.json:
@@ -127,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
     if summary.duplicates:
         print(
             f"{summary.duplicates} archive members replaced by a later one at the same path (as tar x does)"
+        )
+    if options.path_map is not None:
+        print(
+            f"--map moved {summary.mapped} files and links, left {summary.unmapped} where they were"
+            + (f"; {summary.map_unused} of its entries named no member" if summary.map_unused else "")
         )
     if summary.skipped_special or summary.skipped_errors:
         print(

@@ -26,7 +26,7 @@ from dlfs.core import validate
 from dlfs.core.errors import DatasetError, ShardError
 from dlfs.core.libc import stat_blocks, trim_allocator
 from dlfs.core.sealed import sealed_copy
-from dlfs.core.store import Descriptors, Store
+from dlfs.core.store import CachedStore, Descriptors, LocalStore, Store, StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -142,30 +142,57 @@ class Index:
         dataset: ``served in place from 2 tar(s): /data/a.tar, /data/b.tar``."""
         if not self.archives:
             return ""
-        paths = ", ".join(archive["path"] for archive in self.archives)
+        paths = ", ".join(map(fmt.archive_location, self.archives))
         return f"served in place from {len(self.archives)} tar(s): {paths}"
 
-    def shard_store(self, store: Store, random_access: bool = False) -> Store:
+    def shard_store(
+        self, store: Store, random_access: bool = False, options: StoreOptions | None = None
+    ) -> Store:
         """The store the files' bytes are read from, checked to hold this dataset's: ``store``,
         with its shards checked (``check_shards``); or, for an in-place dataset, a store of its
-        archives, each checked to be the file indexed (``store.archives``), which the caller
-        closes as well as ``store``."""
+        archives, each checked to be the file or object indexed (``store.archives``,
+        ``store.s3.archives``; objects in S3 behind the disk tier of ``options.cache_dir``), which
+        the caller closes as well as ``store``, unless it is ``store`` itself: a disk tier that the
+        index was read through stands in front of the objects instead."""
+        options = options or StoreOptions()
+        if options.cache_dir and isinstance(store, LocalStore) and not self.archives_in_s3:
+            raise DatasetError(
+                f"--cache-dir keeps blocks of datasets in object storage; {store.url} is a local "
+                "directory, which the page cache already keeps"
+            )
         if not self.archives:
             self.check_shards(store)
             return store
-        from dlfs.core.store.archives import ArchiveStore
-
         windows = [
             (name, int(number), int(base), size)
             for name, number, base, size in zip(
                 self.shard_names, self.shard_archive, self.shard_base, self.shard_sizes, strict=True
             )
         ]
+        if self.archives_in_s3:
+            from dlfs.core.store.s3.archives import S3ArchiveStore
+
+            objects: Store = S3ArchiveStore(self.archives, windows, options)
+            if isinstance(store, CachedStore):  # the index came through the tier: it serves the objects now
+                store.front(objects)
+                return store
+            if options.cache_dir:
+                return CachedStore(objects, options.cache_dir, options.cache_dir_size or None)
+            return objects
+        from dlfs.core.store.archives import ArchiveStore
+
         root = getattr(store, "root", None)
         if root is None:
-            raise ShardError(f"{store.url} holds an in-place index, which only a local directory may hold")
+            raise ShardError(
+                f"{store.url} holds an in-place index of local tars, which only a local directory may hold"
+            )
         owner = os.stat(Path(root) / fmt.INDEX_NAME).st_uid
         return ArchiveStore(self.archives, windows, owner, random_access)
+
+    @property
+    def archives_in_s3(self) -> bool:
+        """An in-place dataset whose tars are objects in S3 (``format`` allows no mix)."""
+        return bool(self.archives) and "url" in self.archives[0]
 
     def check_shards(self, store: Store) -> None:
         """Refuse a dataset whose shards are missing, truncated or from another pack run.
@@ -422,7 +449,7 @@ class Index:
         path = self.path(row).decode(errors="replace")
         shard = int(self.shard[row])
         if self.archives:
-            archive = self.archives[int(self.shard_archive[shard])]["path"]
+            archive = fmt.archive_location(self.archives[int(self.shard_archive[shard])])
             return f"{path} (archive {archive}, offset {int(self.shard_base[shard]) + int(self.offset[row])})"
         return f"{path} (shard {self.shard_of(row)}, offset {int(self.offset[row])})"
 

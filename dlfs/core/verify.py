@@ -100,7 +100,7 @@ def verify(
     store = open_store(location, options=options)
     try:
         index = Index.load(store, index_copies(options))
-        shards = index.shard_store(store)
+        shards = index.shard_store(store, options=options)
         if shards is not store:  # an in-place dataset's tars
             store.close()
             store = shards

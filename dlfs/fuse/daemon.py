@@ -138,7 +138,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
         if index.transform:
             log.info("transform %s: the mount serves the transformed bytes", index.transform)
-        shards = index.shard_store(store, random_access=True)
+        shards = index.shard_store(store, random_access=True, options=options.store)
         if shards is not store:  # an in-place dataset's tars
             resources.callback(shards.close)
             store = shards

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from dlfs.core.errors import PackError
 from dlfs.core.store import StoreOptions
+from dlfs.pack.path_map import PathMap
 from dlfs.pack.transform import Transform
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class PackOptions:
     expand_tars: bool = False
     #: Write only the index; the mount serves members from the tars themselves (``archive.in_place``).
     in_place: bool = False
+    #: Where members move to (``dlfs pack --map``); None leaves every one where it is.
+    path_map: PathMap | None = None
 
 
 @dataclass
@@ -79,6 +82,11 @@ class PackSummary:
     #: Bytes of the source files read, against ``bytes`` (what the dataset holds for them).
     source_bytes: int = 0
     kept_files: dict[str, int] = field(default_factory=dict)
+    #: With ``--map``: files, symlinks and hard links it moved and left where they were, and its
+    #: entries that named no member.
+    mapped: int = 0
+    unmapped: int = 0
+    map_unused: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -35,6 +35,8 @@ from dlfs.pack.archive.source import Archive, scans
 from dlfs.pack.columns import IndexRows, Placed
 from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
+from dlfs.pack.mapped_tree import remap
+from dlfs.pack.objects import ObjectPrefix
 from dlfs.pack.options import (
     PLACEMENTS,
     PROGRESS_EVERY,
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: The index file's write buffer.
 INDEX_BUFFER = 1 << 20
+#: What a pack reads other than a directory tree (None).
+Source = Archive | InPlace | ObjectPrefix | None
 
 
 def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: PackOptions) -> PackSummary:
@@ -63,10 +67,12 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     if not 4096 <= options.shard_size <= fmt.SHARD_MAX:
         raise PackError("shard size must be at least 4 KiB and at most 4 GiB")
     src_path = Path(src)
-    if os.fspath(src) != "-" and not src_path.exists():
+    s3_source = is_s3(os.fspath(src))
+    if os.fspath(src) != "-" and not s3_source and not src_path.exists():
         raise PackError(f"source {src} does not exist")
     started = time.monotonic()
-    tree = os.fspath(src) != "-" and src_path.is_dir()
+    tree = not s3_source and os.fspath(src) != "-" and src_path.is_dir()
+    objects = s3_source and not options.in_place  # in place, a tar or a prefix of tars in S3
     if tree and options.expand_tars and not options.in_place:
         raise PackError(f"--expand-tars reads archives; the source {src} is a directory")
     if (options.in_place or not tree) and options.placement != "source":
@@ -74,7 +80,7 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
             "an archive's members are laid into shards as they arrive; "
             "--placement random needs a directory tree"
         )
-    archive = _archive(src_path, tree, dst, options)
+    archive = _objects(os.fspath(src), options) if objects else _archive(src, tree, dst, options)
     try:
         with interruptible():
             if is_s3(dst):
@@ -88,22 +94,29 @@ def pack(src: str | os.PathLike[str], dst: str | os.PathLike[str], options: Pack
     return summary
 
 
+def _objects(src: str, options: PackOptions) -> ObjectPrefix:
+    """The objects below the ``s3://`` prefix ``src`` as a source, one per file."""
+    if options.expand_tars:
+        raise PackError(f"--expand-tars reads archives; the source {src} is a prefix of objects")
+    return ObjectPrefix(src, options)
+
+
 def _archive(
-    src: Path, tree: bool, dst: str | os.PathLike[str], options: PackOptions
+    src: str | os.PathLike[str], tree: bool, dst: str | os.PathLike[str], options: PackOptions
 ) -> Archive | InPlace | None:
     """The archive source opened, or None for a directory ``tree``."""
     if not options.in_place:
         return None if tree else Archive(os.fspath(src), read_ahead=not scans(os.fspath(src), options))
     if options.compress or options.transform is not None:
         raise PackError("--in-place serves the tars' own bytes; it takes neither --compress nor --transform")
-    if is_s3(dst):
-        raise PackError("--in-place writes only an index, to a local directory; give a directory as DST")
-    return InPlace(os.fspath(src))
+    if is_s3(dst) and not is_s3(src):
+        raise PackError(
+            "--in-place of local tars writes only an index, to a local directory; give a directory as DST"
+        )
+    return InPlace(os.fspath(src), options.store)
 
 
-def _pack_to_directory(
-    src: Path, archive: Archive | InPlace | None, dst: Path, options: PackOptions
-) -> PackSummary:
+def _pack_to_directory(src: Path, archive: Source, dst: Path, options: PackOptions) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
     old_id = check_destination(src, dst, store, options)
     try:
@@ -113,9 +126,7 @@ def _pack_to_directory(
         store.close()
 
 
-def _pack_to_bucket(
-    src: Path, archive: Archive | InPlace | None, dst: str, options: PackOptions
-) -> PackSummary:
+def _pack_to_bucket(src: Path, archive: Source, dst: str, options: PackOptions) -> PackSummary:
     """Shards stream up as multipart uploads and the index goes up last, so the prefix never
     holds a mountable half. Unlike a directory, a prefix has no lock: two packs into one prefix at
     once are not detected. The column files go in the temporary folder (``TMPDIR``)."""
@@ -135,7 +146,7 @@ def _pack_to_bucket(
 
 def _replace(
     src: Path,
-    archive: Archive | InPlace | None,
+    archive: Source,
     store: Store,
     old_id: str | None,
     spill_in: Path,
@@ -237,8 +248,18 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             ) from None
 
 
+def _walk(
+    src: bytes, spill: Spill, options: PackOptions, summary: PackSummary, pool: ThreadPoolExecutor
+) -> Tree:
+    """The tree's rows, laid out again where ``--map`` moves its files."""
+    if options.path_map is None:
+        return walk(src, spill, options, summary, pool)
+    walked = walk(src, spill.inner(), options, summary, pool)
+    return remap(walked, spill, options, summary)
+
+
 def _pack_locked(
-    src: bytes, archive: Archive | InPlace | None, store: Store, spill: Spill, options: PackOptions
+    src: bytes, archive: Source, store: Store, spill: Spill, options: PackOptions
 ) -> PackSummary:
     summary = PackSummary(dataset_id=fmt.new_dataset_id())
     # In place where the store takes writes at any offset and stored sizes are known from the walk
@@ -259,7 +280,7 @@ def _pack_locked(
     ):
         try:
             if archive is None:
-                tree = walk(src, spill, options, summary, pool)
+                tree = _walk(src, spill, options, summary, pool)
                 placed = Placed(tree, spill)
                 _write_payloads(transforms or pool, tree, placed, shards, options, summary)
             elif isinstance(archive, InPlace):
@@ -303,6 +324,8 @@ def _pack_locked(
                 transforms.shutdown(wait=True, cancel_futures=True)
             shards.abort()
             raise
+    if options.path_map is not None:
+        summary.mapped, summary.unmapped, summary.map_unused = options.path_map.report()
     totals = rows.totals()
     summary.files = totals["files"]
     summary.directories = totals["directories"]

@@ -165,6 +165,13 @@ class Spill:
     def __init__(self, parent: str | os.PathLike[str]) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=parent))
         self._columns: list[Column] = []
+        self._inner: list[Spill] = []
+
+    def inner(self) -> Spill:
+        """A folder of its own inside this one, closed with it: for a second set of columns under
+        the same names (the walked tree that ``--map`` lays out again)."""
+        self._inner.append(Spill(self.root))
+        return self._inner[-1]
 
     def column(self, name: str, dtype: np.dtype | str, length: int = 0) -> Column:
         self._columns.append(Column(self.root / name, dtype, length))
@@ -175,6 +182,8 @@ class Spill:
         return self.root / name
 
     def close(self) -> None:
+        for inner in self._inner:
+            inner.close()
         for column in self._columns:
             column.close()
         shutil.rmtree(self.root, ignore_errors=True)

@@ -20,7 +20,7 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
-from dlfs.pack.spill import Spill, append_buffers
+from dlfs.pack.spill import Column, Spill, append_buffers
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,9 @@ class Tree:
         self._files = array("Q")
         self._link_rows, self._link_end, self._links = array("Q"), array("Q"), bytearray()
         self._links_length = 0
+        #: Laid out again by ``--map`` (``mapped_tree``): the walked tree whose paths the files are
+        #: read from, and each row's row in it; None for the walk's own tree.
+        self.origin: tuple[Tree, Column] | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -135,9 +138,14 @@ class Tree:
         )
 
     def entries(self, rows: np.ndarray) -> list[tuple[int, bytes, int]]:
-        """``(row, path, size)`` of each row (files, in the order given)."""
+        """``(row, path, size)`` of each row (files, in the order given); ``path`` is where the
+        file is read from."""
         if not len(rows):
             return []
+        if self.origin is not None:
+            walked, origin = self.origin
+            found = walked.entries(origin.gather(rows).astype(np.int64))
+            return [(row, path, size) for row, (_, path, size) in zip(rows.tolist(), found, strict=True)]
         ends = self.columns["name_end"].gather(rows)
         starts = self.columns["name_end"].gather(np.maximum(rows, 1) - 1)
         starts[rows == fmt.ROOT_ROW] = 0

@@ -102,6 +102,15 @@ class NativeLoader:
         return taken
 
     @functools.cached_property
+    def _bases(self) -> np.ndarray:
+        """Where each shard starts in the file its descriptor reads: an in-place dataset's local
+        tar at the window's base; a disk tier's file holds each shard, a window of an object in
+        S3 too, at the shard's own offsets."""
+        if self.reader.partly_local:
+            return np.zeros_like(self.index.shard_base)
+        return self.index.shard_base
+
+    @functools.cached_property
     def _descriptors(self) -> np.ndarray:
         """Each shard's descriptors for the C loop, through the page cache and direct (rows), or
         -1 (a store without, a shard that fails, a filesystem without direct I/O)."""
@@ -131,11 +140,10 @@ class NativeLoader:
         order = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=rows.size)
         read_ends = np.cumsum([len(group) for group in groups], dtype=np.int32)
         read_rows, read_starts, read_lengths = np.array(spans, dtype=np.int64).T
-        # Offsets in the file each descriptor reads: an in-place dataset's shard starts at its base.
-        read_starts = read_starts + index.shard_base[index.shard[read_rows]]
+        read_starts = read_starts + self._bases[index.shard[read_rows]]
         reads = np.stack([*self._descriptors[:, index.shard[read_rows]], read_starts, read_lengths])
         rows, positions = rows[order], positions[order]
-        starts = index.offset[rows] + index.shard_base[index.shard[rows]]
+        starts = index.offset[rows] + self._bases[index.shard[rows]]
         lengths, checksums = index.stored[rows], index.checksum[rows]
         deferred: list[np.ndarray] = []
         cold = False

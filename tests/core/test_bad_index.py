@@ -250,9 +250,58 @@ IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
 }
 
 
+@pytest.fixture(scope="module")
+def valid_s3_in_place(valid_in_place: bytes) -> bytes:
+    """``valid_in_place`` as if its tar were an object in S3: the index names it by URL and ETag."""
+    arrays, meta = decode(valid_in_place)
+    size = meta["archives"][0]["size"]
+    meta["archives"] = [{"url": "s3://dlfs-tests/shards/src.tar", "size": size, "etag": '"9b2cf535f27731c9"'}]
+    return fmt.encode_index(arrays, meta)
+
+
+def _s3_url(url: object) -> Callable[[Arrays, Meta], None]:
+    return _archive("url", url)
+
+
+S3_IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
+    "an S3 URL of another scheme": (_s3_url("https://dlfs-tests/shards/src.tar"), "not allowed"),
+    "an S3 URL without a bucket": (_s3_url("s3:///shards/src.tar"), "not allowed"),
+    "an S3 URL without a key": (_s3_url("s3://dlfs-tests"), "not allowed"),
+    "an S3 URL ending with a slash": (_s3_url("s3://dlfs-tests/shards/"), "not allowed"),
+    "an S3 bucket S3 does not allow": (_s3_url("s3://Dlfs_Tests/src.tar"), "not allowed"),
+    "an S3 key through '..'": (_s3_url("s3://dlfs-tests/shards/../src.tar"), "not allowed"),
+    "an S3 key with '.'": (_s3_url("s3://dlfs-tests/./src.tar"), "not allowed"),
+    "an S3 key with a doubled slash": (_s3_url("s3://dlfs-tests/shards//src.tar"), "not allowed"),
+    "an S3 key with NUL": (_s3_url("s3://dlfs-tests/a\x00b.tar"), "not allowed"),
+    "an S3 key of 1025 bytes": (_s3_url("s3://dlfs-tests/" + "k" * 1025), "not allowed"),
+    "an S3 URL that is not text": (_s3_url(7), "not allowed"),
+    "an S3 archive without an ETag": (lambda a, m: m["archives"][0].pop("etag"), "malformed"),
+    "an empty ETag": (_archive("etag", ""), "malformed"),
+    "an ETag that is not text": (_archive("etag", 7), "malformed"),
+    "an ETag with a line break": (_archive("etag", '"ab\ncd"'), "malformed"),
+    "an S3 archive with a path too": (_archive("path", "/tmp/src.tar"), "malformed"),
+    "an S3 archive of negative size": (_archive("size", -1), "malformed"),
+    "an S3 archive named twice": (
+        lambda a, m: m["archives"].append(dict(m["archives"][0])),
+        "names an archive twice",
+    ),
+    "archives in two buckets": (
+        lambda a, m: m["archives"].append({**m["archives"][0], "url": "s3://other-bucket/src.tar"}),
+        "not all local files or all in one S3 bucket",
+    ),
+    "a local archive beside an S3 one": (
+        lambda a, m: m["archives"].append({"path": "/tmp/src.tar", "size": 1, "mtime_ns": 0}),
+        "not all local files or all in one S3 bucket",
+    ),
+    "an S3 window past its object's end": (_window_past_its_archive, "outside its archive"),
+}
+
+
 @pytest.mark.parametrize(
     ("packed", "case"),
-    [("valid", case) for case in COLUMN_CASES] + [("valid_in_place", case) for case in IN_PLACE_CASES],
+    [("valid", case) for case in COLUMN_CASES]
+    + [("valid_in_place", case) for case in IN_PLACE_CASES]
+    + [("valid_s3_in_place", case) for case in S3_IN_PLACE_CASES],
 )
 def test_crafted_columns_and_metadata_are_refused(
     packed: str, case: str, request: pytest.FixtureRequest
@@ -261,7 +310,7 @@ def test_crafted_columns_and_metadata_are_refused(
     inside them."""
     valid = request.getfixturevalue(packed)
     load(valid)
-    change, message = {**COLUMN_CASES, **IN_PLACE_CASES}[case]
+    change, message = {**COLUMN_CASES, **IN_PLACE_CASES, **S3_IN_PLACE_CASES}[case]
     arrays, meta = decode(valid)
     change(arrays, meta)
     with pytest.raises(DatasetError) as info:

@@ -496,6 +496,37 @@ def test_a_gnu_sparse_member_is_read_whole_and_marked_not_contiguous(tmp_path: P
     pack_and_compare(tmp_path, archive)
 
 
+def sparse_bomb(tmp_path: Path) -> Path:
+    """A tar written by GNU tar of a 100 GiB file of holes (a few blocks), then a file after it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    subprocess.run(["truncate", "-s", "100G", src / "holes.bin"], check=True, timeout=60)
+    (src / "after.txt").write_bytes(b"after")
+    archive = tmp_path / "bomb.tar"
+    subprocess.run(
+        ["tar", "--sparse", "--format=gnu", "-cf", archive, "-C", src, "holes.bin", "after.txt"],
+        check=True,
+        timeout=60,
+    )
+    return archive
+
+
+def test_a_sparse_member_expanding_past_the_bound_is_refused_in_one_line(tmp_path: Path) -> None:
+    archive = sparse_bomb(tmp_path)
+    assert archive.stat().st_size < 1 << 20
+    assert_refused(tmp_path, archive, "holes.bin", "archive bomb")
+
+
+def test_with_skip_errors_a_sparse_bomb_is_left_out_unread_and_the_rest_packed(tmp_path: Path) -> None:
+    """Reading the holes would write 100 GiB of zeros: the pack would run out of disk and time."""
+    dst = tmp_path / "dst"
+    result = dlfs("pack", sparse_bomb(tmp_path), dst, "--skip-errors", timeout=60)
+    assert "1 unreadable entries" in result.stdout and "archive bomb" in result.stderr
+    with mounted(dst, tmp_path / "mnt") as mnt:
+        assert [p.name for p in mnt.iterdir()] == ["after.txt"]
+        assert (mnt / "after.txt").read_bytes() == b"after"
+
+
 @pytest.mark.parametrize("form", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_a_member_past_8_gib_is_read_with_its_size(form: int) -> None:
     """GNU tar writes such a size in base-256, pax in a record; the header alone, cut short."""

@@ -389,3 +389,26 @@ def test_loader_jobs_open_files_the_way_torchvision_does(tree: Path, tmp_path: P
     )
     # Besides: the bench's own reads of .dlfs/stats and the order file, a handful.
     assert 2 * files <= after - before <= 2 * files + 10
+
+
+def test_of_two_processes_holding_dev_fuse_for_a_root_the_last_started_is_its_daemon(tmp_path: Path) -> None:
+    """The daemon of an earlier mount of the same root may still be exiting when the next is probed."""
+    from dlfs.bench.probes import daemon_pid
+
+    holder = "import sys, time; f = open('/dev/fuse', 'rb', buffering=0); print(flush=True); time.sleep(60)"
+    root = tmp_path / "mnt"
+    root.mkdir()
+    started = []
+    try:
+        for _ in range(2):
+            process = subprocess.Popen(
+                [sys.executable, "-c", holder, str(root)], stdout=subprocess.PIPE, cwd=tmp_path
+            )
+            assert process.stdout is not None and process.stdout.readline() == b"\n"
+            started.append(process)
+        assert daemon_pid(str(root)) == started[1].pid
+        assert daemon_pid(str(tmp_path)) is None
+    finally:
+        for process in started:
+            process.kill()
+            process.wait(timeout=10)

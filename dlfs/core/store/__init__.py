@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dlfs.core.errors import DatasetError
 from dlfs.core.store.cached import CachedStore
 from dlfs.core.store.interface import (
     Descriptors,
@@ -55,11 +54,8 @@ def open_store(
         if options.cache_dir:
             return CachedStore(store, options.cache_dir, options.cache_dir_size or None)
         return store
-    if options.cache_dir:
-        raise DatasetError(
-            f"--cache-dir keeps blocks of datasets in object storage; {location} is a local directory, "
-            "which the page cache already keeps"
-        )
+    # A local directory's shards need no disk tier (``Index.shard_store`` refuses --cache-dir for
+    # them), but its in-place index may name tars in object storage, which do.
     return LocalStore(location, random_access)
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import resource
 import stat
-from pathlib import Path
 from typing import Any
 
 from dlfs.core.errors import ShardError, StoreError
-from dlfs.core.store.interface import InPlaceWriter, ShardWriter
+from dlfs.core.store.interface import InPlaceWriter
 from dlfs.core.store.local import LocalStore
+from dlfs.core.store.windows import Windows
 
 AGAIN = "re-run dlfs pack --in-place"
 
@@ -95,7 +95,7 @@ def allow_descriptors(more: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else hard, hard))
 
 
-class ArchiveStore(LocalStore):
+class ArchiveStore(Windows, LocalStore):
     """The windows of an in-place dataset's archives, read like a directory's shards (``LocalStore``)
     at the window's base. Read-only."""
 
@@ -144,26 +144,7 @@ class ArchiveStore(LocalStore):
     def _read_error(self, name: str, offset: int, exc: OSError) -> StoreError:
         return StoreError(f"reading {self._paths[self._windows[name][0]]} at {offset}: {exc.strerror}")
 
-    def size(self, name: str) -> int | None:
-        window = self._windows.get(name)
-        return None if window is None else window[2]
-
-    def sizes(self) -> dict[str, int]:
-        return {name: size for name, (_, _, size) in self._windows.items()}
-
-    def map_index(self, name: str) -> memoryview:
-        raise StoreError("an in-place dataset's archives hold no index")
-
-    def put_file(self, name: str, path: Path) -> None:
-        raise StoreError("an in-place dataset's archives are read-only")
-
-    def create(self, name: str) -> ShardWriter:
-        raise StoreError("an in-place dataset's archives are read-only")
-
     def create_in_place(self, name: str) -> InPlaceWriter:
-        raise StoreError("an in-place dataset's archives are read-only")
-
-    def delete(self, name: str) -> None:
         raise StoreError("an in-place dataset's archives are read-only")
 
     def close(self) -> None:

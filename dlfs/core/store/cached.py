@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlfs.core.errors import StoreError
-from dlfs.core.format import SHARD_SUFFIX
+from dlfs.core.format import SHARD_SUFFIX, WINDOW_SUFFIX
 from dlfs.core.libc import punch_hole
 from dlfs.core.store.interface import ShardWriter, Store
 
@@ -49,6 +49,9 @@ BLOCK = 1 << 20
 #: Share of the free space a cache directory takes when no ``--cache-dir-size`` is given.
 DEFAULT_SHARE = 0.8
 MAP_SUFFIX = ".map"
+#: What the tier keeps blocks of: shards, and the windows of an in-place dataset's objects (the
+#: index has a local copy of its own).
+TIERED = (SHARD_SUFFIX, WINDOW_SUFFIX)
 
 Key = tuple[str, int]
 
@@ -138,7 +141,7 @@ class CachedStore:
     def _load(self) -> None:
         """Find the blocks a previous mount left; drop whatever is over the budget."""
         for entry in sorted(os.scandir(self._shards), key=lambda e: e.name):
-            if not entry.name.endswith(SHARD_SUFFIX):
+            if not entry.name.endswith(TIERED):
                 continue
             shard = self._file(entry.name)
             size = os.fstat(shard.fd).st_size
@@ -240,7 +243,7 @@ class CachedStore:
         return data
 
     def read(self, name: str, offset: int, length: int) -> bytes:
-        if not name.endswith(SHARD_SUFFIX):
+        if not name.endswith(TIERED):
             return self.inner.read(name, offset, length)  # the index has a local copy of its own
         if length <= 0:
             return b""
@@ -289,10 +292,10 @@ class CachedStore:
     def local(self, name: str, offset: int, length: int) -> bool:
         """Are all of these bytes in the disk tier?"""
         blocks = range(offset // BLOCK, (offset + max(length, 1) - 1) // BLOCK + 1)
-        return name.endswith(SHARD_SUFFIX) and all(self._has((name, k)) for k in blocks)
+        return name.endswith(TIERED) and all(self._has((name, k)) for k in blocks)
 
     def local_descriptor(self, name: str, direct: bool = False) -> int | None:
-        if not name.endswith(SHARD_SUFFIX):
+        if not name.endswith(TIERED):
             return None
         shard = self._file(name)
         return shard.direct() if direct else shard.fd
@@ -307,7 +310,7 @@ class CachedStore:
 
     def will_read(self, name: str, offset: int, length: int) -> None:
         """Hint the store of the runs of missing blocks ``read`` will fetch for these bytes."""
-        if not name.endswith(SHARD_SUFFIX) or length <= 0:
+        if not name.endswith(TIERED) or length <= 0:
             return
         for first, last in self._missing_runs(name, offset, length):
             self.inner.will_read(name, first * BLOCK, (last - first + 1) * BLOCK)
@@ -316,7 +319,7 @@ class CachedStore:
         """Fetch the blocks of these bytes that the tier lacks into it, and nothing more: whoever
         asks reads them from the local file (the read-ahead's C loop), so they are not gathered
         into one result as ``read`` gathers them."""
-        if not name.endswith(SHARD_SUFFIX) or length <= 0:
+        if not name.endswith(TIERED) or length <= 0:
             return
         with self._lock:  # the held blocks are read next: last out, as a read would make them
             for number in range(offset // BLOCK, (offset + length - 1) // BLOCK + 1):
@@ -381,6 +384,14 @@ class CachedStore:
 
     def unfinished_uploads(self) -> list[str]:
         return self.inner.unfinished_uploads()
+
+    def front(self, inner: Store) -> None:
+        """Stand in front of ``inner`` from now on, and close the store it stood in front of: an
+        in-place dataset's index, read from a bucket through this tier, names the objects the
+        tier is for (``Index.shard_store``). One tier a directory: a second would find it locked."""
+        replaced, self.inner = self.inner, inner
+        self.url = inner.url
+        replaced.close()
 
     def close(self) -> None:
         self.inner.close()

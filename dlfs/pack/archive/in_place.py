@@ -1,17 +1,19 @@
 """``dlfs pack --in-place``: index tar files so that a mount serves every member from the tar itself.
 
 The source is an uncompressed tar, or a folder of them (WebDataset shards), each becoming a folder
-named after it (``shard-000.tar`` -> ``shard-000/``). The pass is the archive pass of an ordinary
-pack (``source.Archive.record``: the same names, links, duplicates and refusals), but instead of
-copying a member's bytes into a shard it checksums them and records where they lie in the tar:
-with ``--expand-tars`` a nested tar's members are contiguous bytes of the outer file too. Only the
-index is written.
+named after it (``shard-000.tar`` -> ``shard-000/``): local files, or objects in S3
+(``s3://bucket/key.tar``, ``s3://bucket/prefix/``), read where their bytes lie (``positional``).
+The pass is the archive pass of an ordinary pack (``source.Archive.record``: the same names, links,
+duplicates and refusals), but instead of copying a member's bytes into a shard it checksums them
+and records where they lie in the tar: with ``--expand-tars`` a nested tar's members are
+contiguous bytes of the outer file too. Only the index is written.
 
 A member's place is (window, offset in it): the windows cut each tar into runs of at most
 ``WINDOW_MAX`` bytes, a new one starting at the first member that would cross the end, so the
 index's 32-bit ``offset`` column addresses tars of any size (``dlfs.core.format``). Each tar's
-identity (size, mtime) is recorded; a mount refuses a tar that no longer matches
-(``dlfs.core.store.archives``), and a byte changed inside a member fails its checksum.
+identity (path, size, mtime; an object's URL, size, ETag) is recorded; a mount refuses a tar that no
+longer matches (``dlfs.core.store.archives``, ``dlfs.core.store.s3.archives``), and a byte changed
+inside a member fails its checksum.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import xxhash
@@ -28,11 +30,14 @@ from tqdm import tqdm
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
+from dlfs.core.store import StoreOptions
+from dlfs.core.store.s3 import Location, S3Store, is_s3
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
+from dlfs.pack.archive.positional import LocalTar, Positional, S3Tar
 from dlfs.pack.archive.source import Archive, advance
-from dlfs.pack.archive.tarscan import FileRun, HintedReads
+from dlfs.pack.archive.tarscan import FileRun, TarScanner
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import Payload
@@ -42,8 +47,6 @@ from dlfs.pack.walk import Tree
 #: What to do instead, in every refusal of a source or member that cannot be served in place.
 INSTEAD = "pack without --in-place, which copies the bytes into shards"
 TAR_SUFFIX = ".tar"
-#: Bytes of a member read and hashed at a time.
-READ_CHUNK = 1 << 20
 #: Most bytes from a window's base to the end of its last member: the 32-bit ``offset`` column's
 #: reach.
 WINDOW_MAX = fmt.SHARD_MAX
@@ -110,18 +113,14 @@ class _Checksums:
         ledger: Ledger,
         windows: ArchiveWindows,
         summary: PackSummary,
-        archive: Archive,
+        tar: Positional,
         number: int,
+        scanner: TarScanner | None,
         bar: tqdm,
         started: float,
     ) -> None:
         self.ledger, self.windows, self.summary = ledger, windows, summary
-        assert archive.stream.file is not None  # ``InPlace`` takes tars by path only
-        self.tar, self.number = archive.name, number
-        self.buffer = memoryview(bytearray(READ_CHUNK))
-        #: Every read of member bytes, the scanner's and ``_checksum``'s.
-        self.reads = HintedReads(archive.stream.file.fileno())
-        self.scanner = archive.scanner(self.reads, held=False)
+        self.tar, self.number, self.scanner = tar, number, scanner
         self.bar, self.started = bar, started
 
     def add_run(self, run: FileRun) -> None:
@@ -134,8 +133,8 @@ class _Checksums:
     def add_file(self, member: Member, data: BinaryIO) -> None:
         if not member.contiguous:
             raise PackError(
-                f"{members.show(member.path)} in {self.tar} is a GNU sparse file, whose bytes do not lie "
-                f"in the tar as they read; {INSTEAD}"
+                f"{members.show(member.path)} in {self.tar.name} is a GNU sparse file, whose bytes do not "
+                f"lie in the tar as they read; {INSTEAD}"
             )
         digest = self._checksum(member)
         shard, offset = self.windows.place(self.number, member.offset, member.size)
@@ -146,19 +145,16 @@ class _Checksums:
 
     def _checksum(self, member: Member) -> int:
         """The checksum of a member's bytes, read from where they lie in the tar (the pass then
-        seeks past them: ``streams.Source.skip``), into one reused buffer, hashed without a copy."""
+        seeks past them: ``streams.Source.skip``), hashed without a copy."""
         hasher = xxhash.xxh3_64()
-        at, left = member.offset, member.size
-        while left:
-            view = self.buffer[: min(left, len(self.buffer))]
-            got = self.reads.read_at(view, at)
-            if got == 0:
-                raise PackError(
-                    f"{self.tar} is cut short inside {members.show(member.path)}; download it again"
-                )
-            hasher.update(view[:got])
-            at += got
-            left -= got
+        got = 0
+        for piece in self.tar.pieces(member.offset, member.size):
+            hasher.update(piece)
+            got += len(piece)
+        if got < member.size:
+            raise PackError(
+                f"{self.tar.name} is cut short inside {members.show(member.path)}; download it again"
+            )
         return hasher.intdigest()
 
     def add(self, member: Member, data: bytes | None) -> None:
@@ -172,36 +168,55 @@ class InPlace:
     """The tars of an in-place pack; ``pack`` indexes them one after another, each in one pass
     with only its own file open (a folder of WebDataset shards may hold thousands)."""
 
-    def __init__(self, source: str) -> None:
-        path = Path(source)
+    def __init__(self, source: str, options: StoreOptions | None = None) -> None:
+        """``source``: a tar or a folder of them, local or in S3 (``options``: how to reach it)."""
         self.name = source
-        self.folder = path.is_dir()
+        #: The S3 folder the tars are objects of (their names are keys below it), or None.
+        self.bucket: S3Store | None = None
+        if is_s3(source):
+            self.bucket, single = _s3_source(source, options)
+            self.folder = single is None
+            self.tars = _objects_in(self.bucket) if single is None else [single]
+        else:
+            self.folder = Path(source).is_dir()
+            self.tars = _tars_in(Path(source)) if self.folder else [source]
         self.kind = "tar folder" if self.folder else "tar"
-        self.tars = _tars_in(path) if self.folder else [source]
         #: What the index records of each tar, as each is opened (``ArchiveWindows.meta``).
         self.identities: list[dict[str, Any]] = []
-        if self.folder:
-            st = path.stat()
+        if self.folder and self.bucket is None:
+            st = Path(source).stat()
             self.root = Folder(
                 fmt.ROOT_ROW, b"", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
             )
+        elif self.folder:
+            self.root = Folder(fmt.ROOT_ROW, b"", 0o755, os.geteuid(), os.getegid(), time.time_ns())
         else:
-            first = self._open(source)
-            self.root = first.root
-            first.close()
+            archive, tar = self._open(self.tars[0])
+            _, uid, gid, mtime_ns = tar.owner()
+            self.root = Folder(fmt.ROOT_ROW, b"", 0o755, uid, gid, mtime_ns)
+            archive.close()
 
-    def _open(self, tar: str) -> Archive:
-        """The tar opened, or a one-line refusal of what cannot be served in place."""
-        archive = Archive(tar, read_ahead=False)
+    def _open(self, tar: str) -> tuple[Archive, Positional]:
+        """The tar opened, and read where its bytes lie; or a one-line refusal of what cannot be
+        served in place."""
+        positional: Positional | None = None
+        if self.bucket is not None:
+            positional = S3Tar(self.bucket, tar)
+            archive = Archive(positional.name, read_ahead=False, opened=cast(BinaryIO, positional))
+        else:
+            archive = Archive(tar, read_ahead=False)
+            if archive.stream.file is not None:
+                positional = LocalTar(archive.name, archive.stream.file.fileno())
         problem = ""
         if archive.kind != "tar":
             problem = f"{archive.name} is a {archive.kind}, whose members cannot be read in place"
-        elif archive.stream.file is None:
+        elif positional is None:
             problem = f"{archive.name} is not a file that a mount could read members from"
         if problem:
             archive.close()
             raise PackError(f"{problem}; {INSTEAD}")
-        return archive
+        assert positional is not None
+        return archive, positional
 
     def windows(self, dataset_id: str) -> ArchiveWindows:
         return ArchiveWindows(dataset_id, self.identities)
@@ -214,10 +229,10 @@ class InPlace:
         summary.archives = len(self.tars)
         started = time.monotonic()
         with progress_bar(options) as bar:
-            for number, tar in enumerate(self.tars):
-                archive = self._open(tar)
+            for number, name in enumerate(self.tars):
+                archive, tar = self._open(name)
                 try:
-                    self._index(archive, number, ledger, windows, options, summary, (bar, started))
+                    self._index(archive, tar, number, ledger, windows, options, summary, (bar, started))
                 finally:
                     archive.close()
             show_files(bar, len(ledger), started)  # the bar's last line counts every member
@@ -226,6 +241,7 @@ class InPlace:
     def _index(
         self,
         archive: Archive,
+        tar: Positional,
         number: int,
         ledger: Ledger,
         windows: ArchiveWindows,
@@ -235,26 +251,22 @@ class InPlace:
     ) -> None:
         """Record one tar's members and identity (``progress``: the bar, and when the pass
         began); refuse a tar that changed while it was read, which every mount would refuse."""
-        assert archive.stream.file is not None
-        before = os.fstat(archive.stream.file.fileno())
-        self.identities.append(
-            {"path": os.path.abspath(archive.name), "size": before.st_size, "mtime_ns": before.st_mtime_ns}
-        )
+        before = tar.identity()
+        self.identities.append(before)
         prefix = b""
         if self.folder:  # the tar becomes a folder, as a nested one does with --expand-tars
             prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
-            tar = Member(
-                prefix, stat.S_IFREG, before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns
-            )
-            ledger.folder(members.folder_of(tar, prefix))
-        sink = _Checksums(ledger, windows, summary, archive, number, *progress)
+            ledger.folder(members.folder_of(Member(prefix, stat.S_IFREG, *tar.owner()), prefix))
+        scanner = archive.scanner(tar.read_into, False, options) if isinstance(tar, LocalTar) else None
+        sink = _Checksums(ledger, windows, summary, tar, number, scanner, *progress)
         archive.record(ledger, sink, options, summary, prefix)
-        after = os.fstat(archive.stream.file.fileno())
-        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        if tar.identity() != before:
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
 
     def close(self) -> None:
-        """Nothing is held open between tars."""
+        """Nothing is held open between tars but the S3 client."""
+        if self.bucket is not None:
+            self.bucket.close()
 
 
 def _tars_in(folder: Path) -> list[str]:
@@ -269,3 +281,35 @@ def _tars_in(folder: Path) -> list[str]:
     if not found:
         raise PackError(f"{folder} holds no .tar files; --in-place takes a tar or a folder of them")
     return [entry.path for entry in found]
+
+
+def _s3_source(source: str, options: StoreOptions | None) -> tuple[S3Store, str | None]:
+    """The S3 folder of an ``s3://`` source and, where the source names one object, its key
+    below it (None: the source is a prefix of objects, named with or without a trailing slash)."""
+    location = Location.parse(source)
+    if location.prefix and not source.endswith("/"):
+        parent, _, key = f"{location.bucket}/{location.prefix}".rpartition("/")
+        store = S3Store(f"s3://{parent}", options)
+        try:
+            if store.head(key) is not None:
+                return store, key
+        except BaseException:
+            store.close()
+            raise
+        store.close()
+    return S3Store(str(location), options), None
+
+
+def _objects_in(folder: S3Store) -> list[str]:
+    """The ``.tar`` objects directly below an S3 prefix of WebDataset shards, by key; anything
+    else is refused, as in a local folder."""
+    found = sorted((stored.key for stored in folder.objects()), key=os.fsencode)
+    for key in found:
+        if "/" in key or not members.expanded_folder(os.fsencode(key)):
+            raise PackError(
+                f"{folder.url}/ holds {key}, which is not a .tar object; --in-place takes a tar or a prefix "
+                "of .tar objects (WebDataset shards)"
+            )
+    if not found:
+        raise PackError(f"{folder.url}/ holds no .tar objects; --in-place takes a tar or a prefix of them")
+    return found

@@ -20,6 +20,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive.members import Member, Refused, show
 from dlfs.pack.archive.tarscan import FileRun
+from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill, append_buffers
 from dlfs.pack.walk import FLUSH_ROWS
@@ -153,6 +154,23 @@ class Ledger:
         self.count += count
         if len(self._rows["parent"]) >= FLUSH_ROWS:
             self.flush()
+
+    def admit(self, member: Member, options: PackOptions, summary: PackSummary) -> bool:
+        """Move ``member`` where ``--map`` places it, then check it: False for one refused (its
+        ``problem``, or a path beyond a symlink), which stops the pack or, with ``--skip-errors``,
+        is left out with a warning."""
+        if options.path_map is not None and not member.problem:
+            options.path_map.place(member)
+        if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
+            self.symlinks.add(member.path)
+        try:
+            if member.problem:
+                raise Refused(member.problem)
+            self.check_path(member.path)
+        except Refused as exc:
+            fail_or_skip(str(exc), options, summary, member.path)
+            return False
+        return True
 
     def check_path(self, path: bytes) -> None:
         """Refuse a member whose path runs through a symlink member (``lnk/passwd``)."""

@@ -22,6 +22,12 @@ from dlfs.core import format as fmt
 HARDLINK = 0o110000
 #: Permission bits kept: setuid and setgid are dropped, as ``data_filter`` does.
 KEPT_MODE = 0o1777
+#: The most an archive's members may expand to, as a multiple of the bytes they take in it.
+#: Deflate cannot expand a stream more than about 1,032 times, so a zip that claims more lies about
+#: its sizes or overlaps them; a GNU sparse tar member is held to the same bound, counting its
+#: headers and stored runs, since its holes are written out as zeros and a map of a few bytes can
+#: declare terabytes of them.
+EXPANSION_MAX = 1032
 
 
 class Refused(Exception):
@@ -55,16 +61,17 @@ def show(path: bytes) -> str:
     return path.decode("utf-8", "backslashreplace") or "/"
 
 
-def normalize(raw: bytes) -> bytes:
-    """The member's path in the tree: leading slashes and ``.`` components dropped."""
+def normalize(raw: bytes, what: str = "member") -> bytes:
+    """The member's path in the tree: leading slashes and ``.`` components dropped. ``what`` names
+    the thing in a refusal (``object`` for an object store's key)."""
     if b"\0" in raw:
-        raise Refused(f"member {show(raw)!r} has a NUL byte in its name")
+        raise Refused(f"{what} {show(raw)!r} has a NUL byte in its name")
     parts = [part for part in raw.split(b"/") if part not in (b"", b".")]
     if b".." in parts:
-        raise Refused(f"member {show(raw)} has a '..' in its path, which could leave the tree")
+        raise Refused(f"{what} {show(raw)} has a '..' in its path, which could leave the tree")
     for part in parts:
         if len(part) > fmt.NAME_MAX:
-            raise Refused(f"member {show(raw)} has a name longer than {fmt.NAME_MAX} bytes")
+            raise Refused(f"{what} {show(raw)} has a name longer than {fmt.NAME_MAX} bytes")
     return b"/".join(parts)
 
 
@@ -88,6 +95,17 @@ def check_owner(path: bytes, uid: int, gid: int) -> None:
     """Refuse ids past what a file system (and the index) holds: 32 bits."""
     if not (0 <= uid < 1 << 32 and 0 <= gid < 1 << 32):
         raise Refused(f"member {show(path)} has an owner id past 32 bits ({uid}:{gid})")
+
+
+def check_expansion(path: bytes, size: int, stored: int) -> None:
+    """Refuse a member of ``size`` bytes that takes ``stored`` bytes in its archive (a GNU sparse
+    file) if it expands past EXPANSION_MAX times that."""
+    if size > EXPANSION_MAX * max(stored, 1):
+        raise Refused(
+            f"sparse member {show(path)} expands {stored:,} stored bytes to {size:,}, more than "
+            f"{EXPANSION_MAX:,} times: an archive bomb, or a sparse file to extract (tar x) and pack as a "
+            "folder"
+        )
 
 
 def permissions(mode: int) -> int:

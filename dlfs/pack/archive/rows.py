@@ -22,7 +22,7 @@ from dlfs.pack.archive.ledger import LEDGER_COLUMNS, Folder, Ledger
 from dlfs.pack.archive.members import HARDLINK, show
 from dlfs.pack.columns import PLACED_COLUMNS, Placed
 from dlfs.pack.options import PackOptions, PackSummary, fail_or_skip
-from dlfs.pack.spill import Spill
+from dlfs.pack.spill import Column, Spill
 from dlfs.pack.walk import Directory, Tree
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,18 @@ class _Groups:
 
 def build(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSummary) -> tuple[Tree, Placed]:
     """The tree and its placements, ready for ``columns.IndexRows``."""
+    tree, file_members = layout(ledger, spill, options, summary)
+    placed = Placed(tree, spill)
+    for start, stop in tree.files.chunks(PLACE_CHUNK):
+        rows = tree.files.read(start, stop).astype(np.int64)
+        chosen = file_members.read(start, stop)
+        values = {name: ledger.columns[name].gather(chosen) for name in PLACED_COLUMNS if name != "placed"}
+        placed.add_many(rows, ledger.columns["size"].gather(chosen), values)
+    return tree, placed
+
+
+def layout(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSummary) -> tuple[Tree, Column]:
+    """The tree, and the member each of its files (``tree.files``) came from."""
     ledger.flush()
     groups = _Groups(ledger)
     _resolve_hard_links(ledger, groups, options, summary)
@@ -87,13 +99,7 @@ def build(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSumma
         directory.count = len(tree) - directory.first
         file_members.extend(np.array(files, dtype=np.int64))
     tree.flush()
-    placed = Placed(tree, spill)
-    for start, stop in tree.files.chunks(PLACE_CHUNK):
-        rows = tree.files.read(start, stop).astype(np.int64)
-        chosen = file_members.read(start, stop)
-        values = {name: ledger.columns[name].gather(chosen) for name in PLACED_COLUMNS if name != "placed"}
-        placed.add_many(rows, ledger.columns["size"].gather(chosen), values)
-    return tree, placed
+    return tree, file_members
 
 
 def _entries(

@@ -26,9 +26,10 @@ from dlfs.core import format as fmt
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
+from dlfs.pack.archive.positional import LocalTar
 from dlfs.pack.archive.streams import ArchiveStream, checked_read, reading
 from dlfs.pack.archive.tar import tar_members
-from dlfs.pack.archive.tarscan import FileRun, HintedReads, TarScanner
+from dlfs.pack.archive.tarscan import FileRun, ReadAt, TarScanner
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
@@ -63,7 +64,7 @@ def scans(source: str, options: PackOptions) -> bool:
     takes them (``Archive.scanner``): members stored as they are, the source a regular file (not
     standard input, nor a pipe such as ``<(curl ...)``). Such a pack reads the tar where its
     members lie, without ``ReadAhead``."""
-    plain = not options.compress and options.transform is None
+    plain = not options.compress and options.transform is None and options.path_map is None
     return plain and source != "-" and os.path.isfile(source) and TarScanner.available()
 
 
@@ -91,9 +92,9 @@ class Sink(Protocol):
 class Archive:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
-    def __init__(self, source: str, read_ahead: bool = True) -> None:
-        """``read_ahead``: see ``ArchiveStream``."""
-        self.stream = ArchiveStream(source, read_ahead)
+    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
+        """``read_ahead``, ``opened``: see ``ArchiveStream``."""
+        self.stream = ArchiveStream(source, read_ahead, opened)
         self.kind = self.stream.kind
         self.name = self.stream.name
         if self.stream.file is not None:
@@ -107,13 +108,15 @@ class Archive:
     def close(self) -> None:
         self.stream.close()
 
-    def scanner(self, reads: HintedReads, held: bool) -> TarScanner | None:
-        """The C loop over runs of plain members, reading through ``reads`` (``held``: see
+    def scanner(self, read_at: ReadAt, held: bool, options: PackOptions) -> TarScanner | None:
+        """The C loop over runs of plain members, reading through ``read_at`` (``held``: see
         ``TarScanner``): for a plain tar read from its file without ``ReadAhead``, where the
-        library is built."""
+        library is built, and no ``--map`` moves members (``Ledger.admit`` moves them one by one)."""
         if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
             return None
-        return TarScanner(reads.read_at, checksum=True, held=held) if TarScanner.available() else None
+        if options.path_map is not None or not TarScanner.available():
+            return None
+        return TarScanner(read_at, checksum=True, held=held)
 
     def _members(
         self, options: PackOptions, prefix: bytes, scanner: TarScanner | None
@@ -130,15 +133,10 @@ class Archive:
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
-        ledger = Ledger(spill, self.root)
-        writer = _Writer(self.name, self.kind, pool, shards, ledger, options, summary)
+        scanner = None
         if self.stream.file is not None and scans(self.name, options):
-            writer.scanner = self.scanner(HintedReads(self.stream.file.fileno()), held=True)
-        with progress_bar(options) as bar:
-            writer.bar = bar
-            self.record(ledger, writer, options, summary)
-            show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
-        return rows.build(ledger, spill, options, summary)
+            scanner = self.scanner(LocalTar(self.name, self.stream.file.fileno()).read_into, True, options)
+        return write_members(self, shards, spill, options, summary, pool, scanner)
 
     def record(
         self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes = b""
@@ -165,23 +163,7 @@ class Archive:
                 if len(run):
                     sink.add_run(run)
                 continue
-            member, data = item
-            if member.kind == stat.S_IFLNK:  # refused or not, nothing lies beyond it
-                ledger.symlinks.add(member.path)
-            try:
-                if member.problem:
-                    raise Refused(member.problem)
-                ledger.check_path(member.path)
-            except Refused as exc:
-                fail_or_skip(str(exc), options, summary, member.path)
-                continue
-            if member.kind == stat.S_IFDIR:
-                ledger.folder(member)
-            elif member.kind == stat.S_IFREG:
-                assert data is not None
-                sink.add_file(member, data)
-            else:
-                sink.add(member, None)
+            record_member(ledger, sink, *item, options, summary)
         sink.finish_pending()
         with reading(self.name, self.kind):
             self.stream.drain()
@@ -199,6 +181,59 @@ def _beside_symlinks(run: FileRun, ledger: Ledger, options: PackOptions, summary
             fail_or_skip(str(exc), options, summary, run.path(k))
             keep[k] = False
     return run if keep.all() else run.select(keep)
+
+
+class MemberSource(Protocol):
+    """A source whose members come in one pass (an ``Archive``, ``objects.ObjectPrefix``)."""
+
+    name: str
+    kind: str
+    #: The tree's root, and every folder no member names.
+    root: Folder
+
+    def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
+        """Hand every member to ``record_member``, then have ``sink`` finish."""
+
+
+def write_members(
+    source: MemberSource,
+    shards: InOrderShards,
+    spill: Spill,
+    options: PackOptions,
+    summary: PackSummary,
+    pool: Executor,
+    scanner: TarScanner | None = None,
+) -> tuple[Tree, Placed]:
+    """Write every member of ``source`` into ``shards`` as it comes (runs of plain tar members
+    through ``scanner``); the tree and placements for the index."""
+    ledger = Ledger(spill, source.root)
+    writer = _Writer(source.name, source.kind, pool, shards, ledger, options, summary)
+    writer.scanner = scanner
+    with progress_bar(options) as bar:
+        writer.bar = bar
+        source.record(ledger, writer, options, summary)
+        show_files(bar, len(ledger), writer.started)  # the bar's last line counts every member
+    return rows.build(ledger, spill, options, summary)
+
+
+def record_member(
+    ledger: Ledger,
+    sink: Sink,
+    member: Member,
+    data: BinaryIO | None,
+    options: PackOptions,
+    summary: PackSummary,
+) -> None:
+    """One member into ``ledger`` (a folder) or ``sink`` (the rest), unless a rule refuses it."""
+    if not ledger.admit(member, options, summary):
+        return
+    if member.kind == stat.S_IFDIR:
+        ledger.folder(member)
+    elif member.kind == stat.S_IFREG:
+        assert data is not None
+        sink.add_file(member, data)
+    else:
+        sink.add(member, None)
 
 
 class _Writer:

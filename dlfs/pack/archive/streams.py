@@ -295,14 +295,19 @@ class ArchiveStream:
     """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
     bytes as a ``Source``; a zip is read from its file (its directory is at its end)."""
 
-    def __init__(self, source: str, read_ahead: bool = True) -> None:
+    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
         """``read_ahead``: read the tar in a thread of its own (``ReadAhead``); without, a plain
         tar's stream is its file, which ``Source.skip`` seeks past bytes the pass does not read
-        (the in-place pass reads them itself, where they lie)."""
+        (the in-place pass reads them itself, where they lie). ``opened``: the source already open
+        as a stream that reads and skips (an object in S3: ``positional.S3Tar``)."""
         self.source = source
         self.file: BinaryIO | None = None
         self.ahead: ReadAhead | None = None
-        if source == "-":
+        self.opened = opened
+        if opened is not None:
+            raw = opened
+            self.name = source
+        elif source == "-":
             # Unbuffered: a read returns what the pipe holds, not once a whole chunk has come.
             raw: BinaryIO = sys.stdin.buffer.raw  # type: ignore[attr-defined]
             self.name = "standard input"
@@ -316,7 +321,7 @@ class ArchiveStream:
             head = _read_exactly(raw, SNIFF)
             compression = sniff(head)
             if compression == "zip":
-                if self.file is None:
+                if self.file is None and opened is None:
                     raise PackError(
                         "a zip cannot be read from standard input (its directory is at its end); "
                         "save it to a file and pack that"
@@ -359,6 +364,8 @@ class ArchiveStream:
             self.ahead.close()
         if self.file is not None:
             self.file.close()
+        if self.opened is not None:
+            self.opened.close()
 
 
 _SUFFIX = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zstd": "zst"}

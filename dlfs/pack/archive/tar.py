@@ -140,7 +140,7 @@ def tar_members(
         member = _member(info, prefix, base, contiguous and not info.issparse())
         if member is None:
             continue
-        data = _data(info, stream) if member.kind == stat.S_IFREG else None
+        data = _data(info, stream) if member.kind == stat.S_IFREG and not member.problem else None
         folder = members.expanded_folder(member.path) if expand else None
         if folder is not None and data is not None and not member.problem:
             yield members.folder_of(member, folder), None
@@ -259,6 +259,9 @@ def _member(info: tarfile.TarInfo, prefix: bytes, base: int, contiguous: bool) -
         elif kind == HARDLINK:
             member.target = _join(prefix, members.normalize(os.fsencode(info.linkname)))
         members.check_owner(path, info.uid, info.gid)
+        if info.sparse is not None:  # its headers and stored runs: the blocks the archive spends on it
+            runs = -(-sum(length for _, length in info.sparse) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            members.check_expansion(path, info.size, info.offset_data - info.offset + runs)
         if not path and kind != stat.S_IFDIR:
             raise Refused(f"member {info.name!r} names the root of the tree but is not a directory")
     except Refused as exc:

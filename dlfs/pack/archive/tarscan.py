@@ -9,14 +9,13 @@ goes to the Python reader, ``tar.tar_members``, which then asks for the next run
 a member only where ``tarfile`` and ``members`` would give it exactly the same path and attributes
 without a refusal or a warning (``tests/pack/test_tarscan.py`` checks it against them).
 
-Reads go through one function, ``read_at(view, offset)``, so that the bytes may come from any
-positional reader. Without the library built, every member takes the Python reader.
+Reads go through one function, ``read_at(view, offset)`` (``positional.LocalTar.read_into``).
+Without the library built, every member takes the Python reader.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,13 +37,6 @@ PATHS_ROOM = 1 << 20
 STOP_BUFFER = 0
 BLOCK = 512
 
-#: How far ahead of the bytes being read a tar file is asked for (``POSIX_FADV_WILLNEED``), and in
-#: steps of how much. The kernel's own read-ahead sees a pass's reads step back or jump (a header,
-#: then the member after it, or a member's bytes past a skipped one) and stops reading ahead: a
-#: cold tar was then read much slower than ``cat`` reads it (docs/design.md).
-HINT_AHEAD = 32 << 20
-HINT_STEP = 8 << 20
-
 #: Reads bytes of the tar at an offset into a view; how many it read (fewer only at the end).
 ReadAt = Callable[[memoryview, int], int]
 
@@ -54,22 +46,6 @@ COLUMNS = (
     "offsets", "sizes", "mtimes_ns", "modes", "uids", "gids", "checksums",
     "path_starts", "path_ends", "name_starts",
 )  # fmt: skip
-
-
-class HintedReads:
-    """Positional reads of a tar file, the kernel asked for the bytes ``HINT_AHEAD`` beyond each."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.hinted = 0
-
-    def read_at(self, view: memoryview, offset: int) -> int:
-        end = offset + len(view)
-        if end + HINT_AHEAD - HINT_STEP > self.hinted:
-            start = max(self.hinted, offset)
-            self.hinted = end + HINT_AHEAD
-            os.posix_fadvise(self.fd, start, self.hinted - start, os.POSIX_FADV_WILLNEED)
-        return os.preadv(self.fd, [view], offset)
 
 
 @dataclass

@@ -20,13 +20,10 @@ from typing import BinaryIO
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
-from dlfs.pack.archive.members import Member, Refused
+from dlfs.pack.archive.members import EXPANSION_MAX, Member, Refused
 from dlfs.pack.archive.streams import Source, checked_read
 from dlfs.pack.archive.tar import tar_members
 
-#: The most a zip may expand to, as a multiple of its own size. Deflate cannot expand a stream
-#: more than about 1,032 times, so a zip that claims more lies about its sizes or overlaps them.
-EXPANSION_MAX = 1032
 #: A local file header's fixed part, and the field where its name's length starts.
 LOCAL_HEADER = struct.Struct("<4s22xHH")
 #: Info-ZIP's extended timestamp extra field.

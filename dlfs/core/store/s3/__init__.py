@@ -11,6 +11,6 @@ uploads, and ``store`` assembles them into ``S3Store``.
 """
 
 from dlfs.core.store.s3.location import SCHEME, Location, is_s3
-from dlfs.core.store.s3.store import S3Store, StoredObject
+from dlfs.core.store.s3.store import ObjectChanged, S3Store, StoredObject
 
-__all__ = ["SCHEME", "Location", "S3Store", "StoredObject", "is_s3"]
+__all__ = ["SCHEME", "Location", "ObjectChanged", "S3Store", "StoredObject", "is_s3"]

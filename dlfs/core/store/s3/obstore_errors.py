@@ -10,6 +10,9 @@ apart. The text this module reads is of two kinds:
   the same on every S3 implementation and every client;
 - obstore's own words, from reqwest and rustls: ``NO_ANSWER`` and ``UNTRUSTED``. A test
   (``test_s3.py``) produces each of them with the installed obstore and fails when one changes.
+
+The listing of a prefix's objects goes through boto3 (``S3Store.objects``), whose errors carry the
+S3 error code in ``response`` and botocore's own words for a request that got no answer.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import re
 S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
 #: S3 error codes that mean the credentials were refused.
 DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"}
-#: reqwest's words for a request that got no answer: no connection, or one that stalled (the
-#: request, or a response body that stopped coming).
-NO_ANSWER = re.compile(r"error sending request|kind: Timeout")
+#: reqwest's and botocore's words for a request that got no answer: no connection, or one that
+#: stalled (the request, or a response body that stopped coming).
+NO_ANSWER = re.compile(
+    r"error sending request|kind: Timeout"
+    r"|Could not connect to the endpoint URL|(Read|Connect) timeout on endpoint"
+)
 #: rustls's reason for refusing a certificate (UnknownIssuer, BadEncoding, ...), in obstore's text:
 #: the server's certificate, or one of the CA bundle's.
 UNTRUSTED = re.compile(r"InvalidCertificate\(\s*(\w+)")
@@ -34,11 +40,13 @@ def explain(what: str, exc: Exception, endpoint: str, bucket: str) -> str:
 
     text = str(exc)
     match = S3_CODE.search(text)
-    code = match.group(1) if match else None
+    code = match.group(1) if match else getattr(exc, "response", {}).get("Error", {}).get("Code")
     if code == "NoSuchBucket":
         return _no_bucket(bucket, endpoint)
     if isinstance(exc, FileNotFoundError):
         return f"{what}: no such object"
+    if isinstance(exc, obe.PreconditionError):  # a GET of one version (If-Match) of an object
+        return f"{what}: the object has changed since it was indexed; re-run dlfs pack --in-place"
     untrusted = UNTRUSTED.search(text)
     if untrusted:
         return (

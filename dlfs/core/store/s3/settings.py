@@ -45,6 +45,7 @@ def aws_settings(options: StoreOptions, url: str) -> AwsSettings:
 
     try:
         core = botocore.session.get_session()
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         session = boto3.Session(botocore_session=core)
         credentials = session.get_credentials()
         region = session.region_name or "us-east-1"
@@ -58,6 +59,17 @@ def aws_settings(options: StoreOptions, url: str) -> AwsSettings:
             "or AWS_PROFILE with ~/.aws/credentials"
         )
     return AwsSettings(endpoint.rstrip("/"), region, session, credentials, ca_bundle)
+
+
+def parse_timestamp(text: str) -> datetime.datetime:
+    """A timestamp in a response: S3's ISO 8601 by the standard library, anything else by botocore,
+    whose own parser (dateutil) takes most of the CPU of a listing (docs/design.md)."""
+    import botocore.utils
+
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return botocore.utils.parse_timestamp(text)
 
 
 class Credentials:

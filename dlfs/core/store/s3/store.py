@@ -8,6 +8,7 @@ import datetime
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = datetime.timedelta(seconds=5)
+#: Tries of a request that fails in a way a retry may fix (obstore's and the listing's).
+MAX_RETRIES = 16
+#: Keys a listing request returns at most (S3's own limit).
+LISTING_PAGE = 1000
+
+
+class ObjectChanged(StoreError):
+    """An object was written again since its entity tag was taken (listed, or indexed)."""
+
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(message)
+        #: The object's URL.
+        self.url = url
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class S3Store:
         self.hints = HintCache(self._get)
         settings = aws_settings(options, self.url)
         self.endpoint, self._session = settings.endpoint, settings.session
+        self._region, self._timeout = settings.region, options.timeout
         config: dict[str, Any] = {"region": settings.region}
         if not settings.is_aws():
             config["endpoint"] = self.endpoint
@@ -84,7 +99,7 @@ class S3Store:
                 config=config,
                 client_options=client_options,
                 retry_config={
-                    "max_retries": 16,
+                    "max_retries": MAX_RETRIES,
                     "retry_timeout": timeout,
                     "backoff": {
                         "init_backoff": datetime.timedelta(milliseconds=100),
@@ -131,10 +146,24 @@ class S3Store:
         """One ranged GET, returned in obstore's own buffer: ``read_into`` copies it once, where a
         ``bytes`` of it first would copy it twice (the daemon's CPU per GiB from the store is
         mostly copies; docs/design.md)."""
-        import obstore
+        return self.get_object(name, offset, length)
 
-        with self._errors(f"reading {self.url}/{name} at {offset}"):
-            return obstore.get_range(self._store, name, start=offset, length=length)
+    def get_object(self, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
+        """One ranged GET of ``key``; with ``etag``, only of that version of the object: one
+        written since fails (``If-Match``, ``ObjectChanged``), never reads as other bytes."""
+        import obstore
+        import obstore.exceptions
+
+        what = f"reading {self.url}/{key} at {offset}"
+        with self._errors(what):
+            if etag is None:
+                return obstore.get_range(self._store, key, start=offset, length=length)
+            options: dict[str, Any] = {"range": (offset, offset + length), "if_match": etag}
+            try:
+                return obstore.get(self._store, key, options=options).bytes()  # type: ignore[arg-type]
+            except obstore.exceptions.PreconditionError as exc:
+                message = explain(what, exc, self.endpoint, self.location.bucket)
+                raise ObjectChanged(message, f"{self.url}/{key}") from None
 
     def read_into(self, name: str, offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         if not wait:
@@ -149,11 +178,16 @@ class S3Store:
         self.hints.hint(name, offset, length)
 
     def size(self, name: str) -> int | None:
+        found = self.head(name)
+        return None if found is None else found.size
+
+    def head(self, name: str) -> StoredObject | None:
+        """The object ``name`` as a HEAD describes it, or None where there is none."""
         import obstore
 
         with self._errors(f"looking up {self.url}/{name}"):
             try:
-                return int(obstore.head(self._store, name)["size"])
+                return _stored(obstore.head(self._store, name))
             except FileNotFoundError:
                 # A HEAD's 404 has no body to tell a missing object from a missing bucket.
                 self.sizes()  # raises for a missing bucket
@@ -173,20 +207,47 @@ class S3Store:
         return sorted(self.sizes())
 
     def objects(self) -> Iterator[StoredObject]:
-        """Every object below the prefix, at any depth, as the listing's pages arrive (in key
-        order: S3 lists in UTF-8 binary order)."""
-        import obstore
+        """Every object below the prefix, at any depth, as the listing's pages arrive, in key order
+        (S3 lists in UTF-8 binary order), the next page on its way meanwhile. Keys are as stored: a
+        folder marker keeps its trailing ``/``. boto3 lists them: obstore parses each key as a path,
+        which drops that ``/`` and fails the whole listing on a key with a control character."""
+        import botocore.exceptions
+        from botocore.config import Config
 
-        with self._errors(f"listing {self.url}"):
-            for page in obstore.list(self._store, chunk_size=1000):
-                for meta in page:
-                    modified = meta["last_modified"]
-                    yield StoredObject(
-                        key=meta["path"],
-                        size=int(meta["size"]),
-                        etag=meta["e_tag"] or "",
-                        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
-                    )
+        config = Config(
+            connect_timeout=CONNECT_TIMEOUT.total_seconds(),
+            read_timeout=self._timeout,
+            retries={"max_attempts": MAX_RETRIES, "mode": "standard"},
+        )
+        client = self._session.client(
+            "s3", endpoint_url=self.endpoint, region_name=self._region, config=config
+        )
+        prefix = self.location.prefix + "/" if self.location.prefix else ""
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.location.bucket, Prefix=prefix, PaginationConfig={"PageSize": LISTING_PAGE}
+        )
+        try:
+            with ThreadPoolExecutor(1, thread_name_prefix="dlfs-list") as ahead:
+                yield from self._listed(ahead, iter(pages), prefix)
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            raise StoreError(
+                explain(f"listing {self.url}", exc, self.endpoint, self.location.bucket)
+            ) from None
+
+    @staticmethod
+    def _listed(ahead: Executor, pages: Iterator[dict[str, Any]], prefix: str) -> Iterator[StoredObject]:
+        """The objects of ``pages``, the next page requested by ``ahead`` while these are used."""
+        coming = ahead.submit(next, pages, None)
+        while (page := coming.result()) is not None:
+            coming = ahead.submit(next, pages, None)
+            for meta in page.get("Contents", []):
+                modified = meta["LastModified"]
+                yield StoredObject(
+                    key=meta["Key"][len(prefix) :],
+                    size=int(meta["Size"]),
+                    etag=meta.get("ETag", ""),
+                    mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+                )
 
     def map_index(self, name: str) -> memoryview:
         size = self.size(name)
@@ -276,3 +337,14 @@ class S3Store:
 
     def close(self) -> None:
         self.hints.close()
+
+
+def _stored(meta: Any) -> StoredObject:
+    """obstore's description of an object (a listing's or a HEAD's)."""
+    modified = meta["last_modified"]
+    return StoredObject(
+        key=meta["path"],
+        size=int(meta["size"]),
+        etag=meta["e_tag"] or "",
+        mtime_ns=int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000,
+    )
