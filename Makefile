@@ -15,15 +15,15 @@ NATIVE_SOURCES := dlfs/readahead/_push.c dlfs/fuse/_dirents.c dlfs/fuse/_dirents
 	dlfs/fuse/_server.c dlfs/fuse/_handlers.c dlfs/fuse/_handlers.h dlfs/fuse/_buffer.h dlfs/core/_pagecache.h \
 	dlfs/pack/archive/_tarscan.c
 
-# The checkout's venv with every extra: the FUSE daemon's (mount), s3, zstd, torch, bench, and the tests'
-# and benchmarks' tooling (test). It changes nothing outside the checkout.
+# The checkout's venv with every extra: the FUSE daemon's (mount), s3, zstd, gzip, torch, bench, and the
+# tests' and benchmarks' tooling (test). It changes nothing outside the checkout.
 install: $(STAMP) $(NATIVE)
 
 $(STAMP): pyproject.toml tools/install-deps.sh tools/build_pyfuse3.py
 	tools/install-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python tools/build_pyfuse3.py
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mount,s3,zstd,torch,bench,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[mount,s3,zstd,gzip,torch,bench,test]'
 	touch $@
 
 # Only when asked, as root: the system's places for dlfs (README, Operations), /usr/local/bin/dlfs,

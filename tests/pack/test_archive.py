@@ -36,8 +36,9 @@ from dlfs.core.index import Index
 from dlfs.core.reader import Reader
 from dlfs.core.store import LocalStore
 from dlfs.pack import PackOptions, pack
+from dlfs.pack.archive import streams
 from dlfs.pack.archive.members import Member
-from dlfs.pack.archive.streams import Source
+from dlfs.pack.archive.streams import ArchiveStream, Source
 from dlfs.pack.archive.tar import tar_members
 
 #: How each archive kind is written from a tree (``{src}``: the tree, ``{out}``: the archive).
@@ -388,6 +389,45 @@ def test_a_corrupt_compressed_stream_is_refused(tmp_path: Path, compress: str) -
     archive = tmp_path / f"x.tar.{compress}"
     archive.write_bytes(bytes(data))
     assert_refused(tmp_path, archive, f"as tar.{compress}")
+
+
+@pytest.fixture(params=["isal", "zlib"])
+def inflater(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each gzip reader ``streams`` may use: ISA-L's (the gzip extra), or the standard library's."""
+    if request.param == "isal":
+        monkeypatch.setattr(streams, "igzip", pytest.importorskip("isal.igzip"))
+    else:
+        monkeypatch.setattr(streams, "igzip", None)
+    return request.param
+
+
+def test_a_tar_gz_is_inflated_by_the_reader_chosen(tmp_path: Path, inflater: str) -> None:
+    """ISA-L's where the gzip extra is installed, else the standard library's."""
+    archive = tmp_path / "x.tar.gz"
+    archive.write_bytes(gzip.compress(tar_bytes([("a", b"a" * 700)])))
+    opened = ArchiveStream(str(archive))
+    try:
+        assert type(opened.ahead.inner).__module__ == {"isal": "isal.igzip", "zlib": "gzip"}[inflater]
+    finally:
+        opened.close()
+
+
+@pytest.mark.parametrize("damage", ["block header", "data", "checksum", "cut", "cut trailer"])
+def test_a_damaged_gzip_stream_is_refused_in_one_line_by_either_reader(
+    tmp_path: Path, inflater: str, damage: str
+) -> None:
+    """A flipped byte in the first deflate block's header (the decompressor's own error), in the
+    data or in the CRC (the CRC check's), a cut mid-stream or in the 8-byte trailer."""
+    data = bytearray(gzip.compress(tar_bytes([(f"f{k}", os.urandom(3000)) for k in range(20)])))
+    flips = {"block header": 12, "data": len(data) // 2, "checksum": len(data) - 8}
+    if damage in flips:
+        data[flips[damage]] ^= 0xFF
+    archive = tmp_path / "x.tar.gz"
+    archive.write_bytes({"cut": data[: len(data) // 2], "cut trailer": data[:-3]}.get(damage, data))
+    with pytest.raises(PackError, match=r"as tar\.gz") as refused:
+        pack(archive, tmp_path / "dst", PackOptions(progress=False))
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / "dst" / fmt.INDEX_NAME).exists()
 
 
 def test_a_file_that_is_neither_a_tree_nor_an_archive_is_refused(tmp_path: Path) -> None:
