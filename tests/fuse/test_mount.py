@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -321,8 +322,9 @@ def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp
     """Ctrl-C on a ``dlfs mount`` still waiting for its daemon stops the daemon too; a ``dlfs mount``
     killed outright leaves a daemon that finds nobody to tell it is ready, and unmounts.
 
-    The daemon is ready a fraction of a second after it starts, so the signal may come too late: the
-    mount then succeeded (exit status 0), is unmounted, and the test tries again."""
+    The daemon is held stopped (SIGSTOP) from when it is seen until the signal has reached
+    ``dlfs mount``, so it cannot become ready in between. It may have been ready before it was seen:
+    that mount succeeded, is unmounted, and the test tries again."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     command = [*DLFS, "mount", str(packed), str(mnt), "--log-file", str(tmp_path / "log")]
@@ -330,12 +332,21 @@ def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp
         parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             assert wait_until(lambda: _daemons_of(mnt) != [], 30), "no daemon started"
-            parent.send_signal(signum)
-            parent.wait(timeout=30)
-            if parent.returncode == 0:
+            daemons = _daemons_of(mnt)
+            for pid in daemons:
+                os.kill(pid, signal.SIGSTOP)
+            if is_mounted(mnt) or parent.poll() is not None:
+                for pid in daemons:
+                    os.kill(pid, signal.SIGCONT)
+                parent.wait(timeout=30)
                 dlfs("umount", mnt)
                 assert wait_until(lambda: _daemons_of(mnt) == [], 30)
                 continue
+            parent.send_signal(signum)
+            parent.wait(timeout=30)
+            for pid in daemons:
+                with contextlib.suppress(ProcessLookupError):  # dlfs mount's Ctrl-C may have killed it
+                    os.kill(pid, signal.SIGCONT)
             assert wait_until(lambda: _daemons_of(mnt) == [], 30), "the daemon stayed"
             assert not is_mounted(mnt) and os.listdir(mnt) == []
             return
@@ -345,7 +356,7 @@ def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp
             for pid in _daemons_of(mnt):
                 os.kill(pid, signal.SIGKILL)
             force_unmount(mnt)
-    pytest.fail("every mount was ready before the signal reached it")
+    pytest.fail("every mount was ready before its daemon was seen")
 
 
 def test_mount_of_a_non_dataset_is_refused(tmp_path: Path) -> None:
