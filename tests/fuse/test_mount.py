@@ -245,6 +245,18 @@ def _daemon_of(mnt: Path) -> int:
     return daemons[0]
 
 
+def _started_daemon(parent: int, mnt: Path) -> bool:
+    """Whether ``parent`` has started the daemon of ``mnt`` (a child now running its command)."""
+    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # the child ended meanwhile
+            continue
+        if os.fsencode(mnt) in argv and b"--foreground" in argv:
+            return True
+    return False
+
+
 def _daemons_of(mnt: Path) -> list[int]:
     """Processes serving ``mnt`` in the foreground (a background mount's daemon is one)."""
     found = []
@@ -325,7 +337,9 @@ def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp
     command = [*DLFS, "mount", str(packed), str(mnt), "--log-file", str(tmp_path / "log")]
     parent = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: _daemons_of(mnt) != [], 30), "no daemon started"
+        # The daemon is ready a fraction of a second after it starts: watch dlfs mount's own
+        # children (one file), not every process on the machine, so the signal comes before that.
+        assert wait_until(lambda: _started_daemon(parent.pid, mnt), 30), "no daemon started"
         parent.send_signal(signum)
         parent.wait(timeout=30)
         assert wait_until(lambda: _daemons_of(mnt) == [], 30), "the daemon stayed"
