@@ -46,8 +46,9 @@ from dlfs import bench
 from dlfs.bench.probes import proc_cpu, rusage_cpu
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
-from dlfs.core.store import CachedStore, StoreOptions, index_copies
-from dlfs.core.store.s3 import S3Store
+from dlfs.core.store import StoreOptions, index_copies
+from dlfs.core.store.cached import CachedStore
+from dlfs.core.store.s3.store import S3Store
 
 BUCKET = "bench"
 ORDERS = ("full", "block")

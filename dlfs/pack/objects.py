@@ -34,7 +34,7 @@ from typing import BinaryIO, cast
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store.s3 import ObjectChanged, S3Store, StoredObject
+from dlfs.core.store.s3.store import ObjectChanged, S3Store, StoredObject
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused, normalize, show
 from dlfs.pack.archive.source import Sink, record_member, write_members

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
 names = st.binary(min_size=1, max_size=12).filter(

@@ -24,8 +24,9 @@ from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
 from dlfs.core.store import StoreOptions, index_copies, open_store
 from dlfs.core.store.cached import BLOCK, CachedStore
-from dlfs.core.store.s3 import S3Store, obstore_errors
+from dlfs.core.store.s3 import obstore_errors
 from dlfs.core.store.s3 import settings as s3_settings
+from dlfs.core.store.s3.store import S3Store
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.writers import InOrderShards
 

@@ -11,7 +11,7 @@ from conftest import drop_from_memory
 
 from dlfs.core import libc
 from dlfs.core.errors import DatasetError
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 
 SIZE = 4 << 20
 MIB = 1 << 20

@@ -17,7 +17,7 @@ from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec, epoch_order
 from dlfs.core.protocol import MAX_WORLD, escape, parse_order, unescape
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.fuse.control import ControlTree
 
 

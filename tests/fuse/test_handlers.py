@@ -24,7 +24,7 @@ from conftest import SMALL_SHARD, flip_byte, payload_place
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.protocol import CONTROL_NAME
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.fuse import dirents, server
 from dlfs.pack import PackOptions, pack
 

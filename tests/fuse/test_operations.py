@@ -17,7 +17,7 @@ from dlfs.core import reader as reader_module
 from dlfs.core.cache import PayloadCache
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.fuse import dirents
 from dlfs.fuse import operations as fs
 from dlfs.fuse.control import ControlTree

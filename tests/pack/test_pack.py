@@ -17,7 +17,8 @@ from dlfs.core import format as fmt
 from dlfs.core import libc
 from dlfs.core.errors import PackError
 from dlfs.core.index import Index
-from dlfs.core.store import LocalStore, local
+from dlfs.core.store import local
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack, packer, pipeline
 
 

@@ -19,7 +19,7 @@ from PIL import Image, JpegImagePlugin
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.index import Index
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import images
 from dlfs.pack.images import Kept
 from dlfs.pack.transform import parse

@@ -19,7 +19,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
 from dlfs.core.reader import Reader
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
 from dlfs.readahead.engine import ReadAhead

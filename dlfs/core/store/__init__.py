@@ -1,12 +1,16 @@
 """The store layer: the interface (``interface``), its backends (``local``, ``s3``) and the disk tier
-in front of a remote one (``cached``), chosen by location."""
+in front of a remote one (``cached``), chosen by location.
+
+Only the interface is imported here: the backends load numpy, lz4 and the S3 client, which the
+command line must not pay for before a command runs (``tests/core/test_layers.py``). Import a
+backend from its module.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from dlfs.core.store.cached import CachedStore
 from dlfs.core.store.interface import (
     Descriptors,
     Forgets,
@@ -17,15 +21,12 @@ from dlfs.core.store.interface import (
     StoreOptions,
     WritesInPlace,
 )
-from dlfs.core.store.local import LocalStore
-from dlfs.core.store.s3 import is_s3
+from dlfs.core.store.s3.location import is_s3
 
 __all__ = [
-    "CachedStore",
     "Descriptors",
     "Forgets",
     "InPlaceWriter",
-    "LocalStore",
     "PartlyLocal",
     "ShardWriter",
     "Store",
@@ -46,9 +47,12 @@ def open_store(
     ``random_access``: reads will not follow storage order (a mount), so reading ahead of each
     read in storage order only wastes bandwidth.
     """
+    from dlfs.core.store.cached import CachedStore
+    from dlfs.core.store.local import LocalStore
+
     options = options or StoreOptions()
     if is_s3(location):
-        from dlfs.core.store.s3 import S3Store
+        from dlfs.core.store.s3.store import S3Store
 
         store: Store = S3Store(str(location), options)
         if options.cache_dir:

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dlfs.core.errors import PackError
-from dlfs.core.store.s3 import S3Store, StoredObject
+from dlfs.core.store.s3.store import S3Store, StoredObject
 
 if TYPE_CHECKING:
     from obstore import Bytes

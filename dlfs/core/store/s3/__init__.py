@@ -7,10 +7,6 @@ retries transient failures (5xx, resets, timeouts) with jittered exponential bac
 One module per concern: ``location`` parses the URL, ``settings`` finds endpoint, region,
 credentials and CA bundle the AWS way, ``obstore_errors`` turns obstore's errors into one line,
 ``hints`` keeps the GETs started ahead of their reads, ``uploads`` streams shards up as multipart
-uploads, and ``store`` assembles them into ``S3Store``.
+uploads, and ``store`` assembles them into ``S3Store``. Import each from its module: this package
+loads nothing, so that telling an ``s3://`` location apart (``location``) costs no S3 client.
 """
-
-from dlfs.core.store.s3.location import SCHEME, Location, is_s3
-from dlfs.core.store.s3.store import ObjectChanged, S3Store, StoredObject
-
-__all__ = ["SCHEME", "Location", "ObjectChanged", "S3Store", "StoredObject", "is_s3"]
