@@ -15,6 +15,12 @@ Row 0 is the root; inode = row + 1. Regular files point into a shard (``shard``,
 ``stored``); symlinks point into the ``links`` blob with the same two columns. Each entry's
 ``owner`` numbers a (uid, gid) pair of the ``owners`` table.
 
+Two small tables hold what few rows need (version 3; a version 2 index has them empty):
+``hardlinks``, the files that share one inode, as (row, inode row) pairs sorted by row, the inode
+row being the group's first (inode = inode row + 1, nlink = the group's size); ``sparse``, the
+files stored as the runs of a GNU sparse file (``FLAG_SPARSE``), as (row, end of its runs) pairs
+sorted by row, their runs (offset in the file, length) back to back in ``sparse_runs``.
+
 Shard file (``<dataset-id>.<NNNNN>.shard``)::
 
     0   header   magic(8) version(u32) shard_no(u32) dataset_id(16)  (padded to 64)
@@ -52,7 +58,11 @@ from dlfs.core.errors import DatasetError, IntegrityError, ShardError
 INDEX_NAME = "index.dlfs"
 INDEX_MAGIC = b"DLFSIDX\x00"
 SHARD_MAGIC = b"DLFSSHD\x00"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: The versions this dlfs reads: version 2 lacks the sections ``ADDED_IN`` 3, which it reads empty.
+READS_VERSIONS = (2, 3)
+#: The shard header's own version: shards are laid out as they were in index version 2.
+SHARD_VERSION = 2
 HEADER_SIZE = 64
 ALIGN = 64
 TRAILER = struct.Struct("<Q")
@@ -69,8 +79,14 @@ FLAG_LZ4 = 1
 #: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
 #: file's; size and checksum are of the stored bytes, so reading needs nothing else.
 FLAG_TRANSFORMED = 2
+#: The stored bytes are a GNU sparse file's runs of data back to back (its map: ``sparse``); the
+#: rest of its ``size`` bytes are holes. Its checksum is of the stored bytes, so that neither a
+#: check nor a read ever hashes the holes' zeros.
+FLAG_SPARSE = 4
 #: Every flag bit this version writes; any other bit means a damaged or foreign index.
-KNOWN_FLAGS = FLAG_LZ4 | FLAG_TRANSFORMED
+KNOWN_FLAGS = FLAG_LZ4 | FLAG_TRANSFORMED | FLAG_SPARSE
+#: The flags whose stored bytes a reader must decode before serving them.
+ENCODED = FLAG_LZ4 | FLAG_SPARSE
 #: The file-type bits of st_mode, as an integer mask that also works on numpy arrays.
 TYPE_MASK = 0o170000
 #: Files larger than this are stored raw and read by range; smaller ones are read and checked whole.
@@ -107,10 +123,15 @@ SECTIONS: dict[str, str] = {
     "flags": "u1",
     "links": "u1",
     "owners": "<u4",
+    "hardlinks": "<u4",
+    "sparse": "<u8",
+    "sparse_runs": "<u8",
 }
 #: Sections that are byte blobs or tables addressed by other columns; every other section has one
 #: element per entry, except ``name_off`` (one more).
-BLOBS = ("names", "links", "owners")
+BLOBS = ("names", "links", "owners", "hardlinks", "sparse", "sparse_runs")
+#: The version each section first appeared in; an index of an earlier one has it empty.
+ADDED_IN = {"hardlinks": 3, "sparse": 3, "sparse_runs": 3}
 #: Most bytes of names, or of symlink targets, one index holds (32-bit offsets address them):
 #: about 200 M ImageNet-style names. A larger tree is packed as several datasets.
 BLOB_MAX = (1 << 32) - 1
@@ -142,7 +163,7 @@ def window_name(dataset_id: str, window_no: int) -> str:
 
 
 def shard_header(dataset_id: str, shard_no: int) -> bytes:
-    raw = SHARD_HEADER.pack(SHARD_MAGIC, FORMAT_VERSION, shard_no, bytes.fromhex(dataset_id))
+    raw = SHARD_HEADER.pack(SHARD_MAGIC, SHARD_VERSION, shard_no, bytes.fromhex(dataset_id))
     return raw.ljust(HEADER_SIZE, b"\x00")
 
 
@@ -151,7 +172,7 @@ def check_shard_header(raw: bytes, dataset_id: str, shard_no: int, name: str) ->
     if len(raw) < SHARD_HEADER.size:
         raise ShardError(f"shard {name} is truncated; re-run dlfs pack or restore the shard")
     magic, version, number, ident = SHARD_HEADER.unpack_from(raw)
-    if magic != SHARD_MAGIC or number != shard_no or ident.hex() != dataset_id or version != FORMAT_VERSION:
+    if magic != SHARD_MAGIC or number != shard_no or ident.hex() != dataset_id or version != SHARD_VERSION:
         raise ShardError(
             f"shard {name} does not belong to this dataset (index {dataset_id}); "
             "restore the original shard or re-run dlfs pack"
@@ -167,12 +188,19 @@ def encode_payload(data: bytes, compress: bool) -> tuple[bytes, int]:
     return data, 0
 
 
-def decode_payload(stored: bytes | memoryview, flags: int, size: int, expected: int) -> bytes | memoryview:
+def decode_payload(
+    stored: bytes | memoryview, flags: int, size: int, expected: int, runs: np.ndarray | None = None
+) -> bytes | memoryview:
     """Turn stored bytes back into the original file, or raise IntegrityError; never wrong bytes.
+    ``runs``: a sparse file's map (``FLAG_SPARSE``).
 
     The message names no file: building a path costs more than the check, so callers add it only
     when something is wrong.
     """
+    if flags & FLAG_SPARSE:
+        if checksum(stored) != expected or runs is None or len(stored) != int(runs[:, 1].sum()):
+            raise IntegrityError("checksum mismatch")
+        return expand_sparse(stored, runs, 0, size)
     try:
         data = lz4.block.decompress(stored, uncompressed_size=size) if flags & FLAG_LZ4 else stored
     except lz4.block.LZ4BlockError as exc:
@@ -180,6 +208,19 @@ def decode_payload(stored: bytes | memoryview, flags: int, size: int, expected: 
     if len(data) != size or checksum(data) != expected:
         raise IntegrityError("checksum mismatch")
     return data
+
+
+def expand_sparse(stored: bytes | memoryview, runs: np.ndarray, start: int, length: int) -> bytes:
+    """Bytes ``start`` to ``start + length`` of a sparse file whose runs of data (``runs``: offset
+    in the file, length; ascending) are ``stored`` back to back: zeros between them."""
+    out = bytearray(length)
+    at = 0
+    for offset, run in runs.tolist():
+        lo, hi = max(offset, start), min(offset + run, start + length)
+        if lo < hi:
+            out[lo - start : hi - start] = stored[at + lo - offset : at + hi - offset]
+        at += run
+    return bytes(out)
 
 
 def _align(n: int) -> int:
@@ -233,9 +274,12 @@ def write_index(out: BinaryIO, sections: Mapping[str, Section], meta: dict[str, 
 
 
 def encode_index(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
-    """The bytes of one index file holding ``arrays`` (tests and tools; pack streams its sections)."""
+    """The bytes of one index file holding ``arrays`` (tests and tools; pack streams its sections);
+    a table ``ADDED_IN`` a later version may be left out, for an index with none of its rows."""
     out = io.BytesIO()
-    write_index(out, {name: (int(arrays[name].size), [arrays[name]]) for name in SECTIONS}, meta)
+    empty = np.zeros(0, dtype=np.uint8)
+    columns = {name: arrays.get(name, empty if name in ADDED_IN else arrays[name]) for name in SECTIONS}
+    write_index(out, {name: (int(column.size), [column]) for name, column in columns.items()}, meta)
     return out.getvalue()
 
 
@@ -243,19 +287,24 @@ def encode_index(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
 class DecodedIndex:
     meta: dict[str, Any]
     arrays: dict[str, np.ndarray]
+    #: The format version it was written in (one of ``READS_VERSIONS``).
+    version: int = FORMAT_VERSION
 
 
-def index_header(buf: bytes | memoryview, source: str, any_version: bool = False) -> tuple[int, int, int]:
-    """(meta offset, meta length, file length) from an index's first ``HEADER_SIZE`` bytes,
-    checked to lie inside the file the header describes (so no reader asks for more).
-    ``any_version``: also of an index of another format version (the header and the metadata's
-    ``dataset_id`` are laid out alike in every version), to learn which shards are its."""
+def index_header(
+    buf: bytes | memoryview, source: str, any_version: bool = False
+) -> tuple[int, int, int, int]:
+    """(version, meta offset, meta length, file length) from an index's first ``HEADER_SIZE``
+    bytes, checked to lie inside the file the header describes (so no reader asks for more).
+    ``any_version``: also of an index of a format version this dlfs does not read (the header and
+    the metadata's ``dataset_id`` are laid out alike in every version), to learn which shards are
+    its."""
     if len(buf) < HEADER_SIZE:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
     magic, version, _, meta_offset, meta_length, file_length = INDEX_HEADER.unpack_from(buf)
     if magic != INDEX_MAGIC:
         raise DatasetError(f"{source} is not a dlfs index (bad magic); point dlfs at a packed dataset")
-    if version != FORMAT_VERSION and not any_version:
+    if version not in READS_VERSIONS and not any_version:
         if version > FORMAT_VERSION:
             raise DatasetError(
                 f"{source} has format version {version}, newer than this dlfs reads ({FORMAT_VERSION}); "
@@ -264,7 +313,7 @@ def index_header(buf: bytes | memoryview, source: str, any_version: bool = False
         raise DatasetError(f"{source} has unsupported format version {version}; re-run dlfs pack")
     if not HEADER_SIZE <= meta_offset <= meta_offset + meta_length <= file_length - TRAILER.size:
         raise invalid_index(source, "its header places the metadata outside the file")
-    return meta_offset, meta_length, file_length
+    return version, meta_offset, meta_length, file_length
 
 
 def invalid_index(source: str, problem: str) -> DatasetError:
@@ -279,7 +328,7 @@ def decode_index(buf: memoryview, source: str) -> DecodedIndex:
     copies). The rows themselves are checked by ``dlfs.core.validate``."""
     if len(buf) < HEADER_SIZE + TRAILER.size:
         raise DatasetError(f"{source} is too short to be a dlfs index; re-run dlfs pack")
-    meta_offset, meta_length, file_length = index_header(buf, source)
+    version, meta_offset, meta_length, file_length = index_header(buf, source)
     if file_length != len(buf):
         raise DatasetError(
             f"{source} is truncated or padded ({len(buf)} bytes, header says {file_length}); re-run dlfs pack"
@@ -292,12 +341,14 @@ def decode_index(buf: memoryview, source: str) -> DecodedIndex:
     except (ValueError, RecursionError) as exc:
         raise invalid_index(source, "its metadata is not JSON") from exc
     _check_meta(meta, source)
-    table = _section_table(meta.get("sections"), meta_offset, source)
+    table = _section_table(meta.get("sections"), meta_offset, version, source)
     arrays = {
-        name: np.frombuffer(buf, dtype=SECTIONS[name], count=count, offset=offset)
-        for name, (offset, count) in table.items()
+        name: np.frombuffer(buf, dtype=dtype, count=table[name][1], offset=table[name][0])
+        if name in table
+        else np.zeros(0, dtype=dtype)
+        for name, dtype in SECTIONS.items()
     }
-    return DecodedIndex(meta=meta, arrays=arrays)
+    return DecodedIndex(meta=meta, arrays=arrays, version=version)
 
 
 def _is_int(value: object) -> bool:
@@ -444,14 +495,16 @@ _OPTIONAL_META: dict[str, Any] = {
 }
 
 
-def _section_table(table: object, meta_offset: int, source: str) -> dict[str, tuple[int, int]]:
-    """(offset, element count) of every section, checked before any array is made: each lies
-    between the header and the metadata, 64-byte aligned, and the per-entry columns agree on the
-    entry count. A count claiming 2^60 elements is refused here, never allocated or mapped."""
-    if not isinstance(table, dict) or set(table) != set(SECTIONS):
+def _section_table(table: object, meta_offset: int, version: int, source: str) -> dict[str, tuple[int, int]]:
+    """(offset, element count) of every section of a ``version`` index, checked before any array
+    is made: each lies between the header and the metadata, 64-byte aligned, and the per-entry
+    columns agree on the entry count. A count claiming 2^60 elements is refused here, never
+    allocated or mapped."""
+    known = {name: dtype for name, dtype in SECTIONS.items() if ADDED_IN.get(name, 0) <= version}
+    if not isinstance(table, dict) or set(table) != set(known):
         raise invalid_index(source, "its section table does not list exactly the known sections")
     out: dict[str, tuple[int, int]] = {}
-    for name, dtype in SECTIONS.items():
+    for name, dtype in known.items():
         entry = table[name]
         if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_int, entry))):
             raise invalid_index(source, f"section {name} is malformed")

@@ -24,9 +24,13 @@ import numpy as np
 from dlfs.core import format as fmt
 from dlfs.core import validate
 from dlfs.core.errors import DatasetError, ShardError
+from dlfs.core.hardlinks import HardLinks
 from dlfs.core.libc import stat_blocks, trim_allocator
 from dlfs.core.sealed import sealed_copy
-from dlfs.core.store import CachedStore, Descriptors, LocalStore, Store, StoreOptions
+from dlfs.core.sparse import SparseFiles
+from dlfs.core.store import Descriptors, Store, StoreOptions
+from dlfs.core.store.cached import CachedStore
+from dlfs.core.store.local import LocalStore
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +54,17 @@ class Attrs(NamedTuple):
 class Index:
     """Read-only view of a dataset's metadata. Row 0 is the root; inode = row + 1."""
 
-    def __init__(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], source: str) -> None:
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        source: str,
+        version: int = fmt.FORMAT_VERSION,
+    ) -> None:
         self.meta = meta
         self.source = source
+        #: The format version the index was written in.
+        self.version = version
         self.dataset_id: str = meta["dataset_id"]
         self.shard_names: list[str] = [name for name, _ in meta["shards"]]
         self.shard_sizes: list[int] = [size for _, size in meta["shards"]]
@@ -96,6 +108,8 @@ class Index:
         #: (uid, gid) of each owner, the rows ``owner`` numbers: a handful in a real tree.
         self._owner_ids = self.owners.reshape(-1, 2)
         self._owner_list = [(uid, gid) for uid, gid in self._owner_ids.tolist()]
+        self.hard_links = HardLinks(arrays["hardlinks"])
+        self.sparse = SparseFiles(arrays["sparse"], arrays["sparse_runs"])
 
     @classmethod
     def load(cls, store: Store, copies: Path | None = None) -> Index:
@@ -113,7 +127,7 @@ class Index:
             except DatasetError:  # a damaged copy: fetch the store's again
                 buf = _local_copy(store, copies, source, refresh=True)
                 decoded = fmt.decode_index(buf, source)
-        index = cls(decoded.meta, decoded.arrays, source)
+        index = cls(decoded.meta, decoded.arrays, source, decoded.version)
         # The row checks' temporaries (tens of MB at 14.2 M rows) are free now, but the arrays kept
         # from them can pin the heap above them: 12 MiB of RSS at 14.2 M rows until trimmed.
         if trim_allocator is not None:
@@ -332,7 +346,7 @@ class Index:
         uid, gid = self._owner_list[self.owner.item(row)]
         return Attrs(
             self.mode.item(row),
-            1,
+            self.hard_links.nlink_of(row),
             uid,
             gid,
             self.size.item(row),
@@ -364,8 +378,10 @@ class Index:
         )
 
     def link_counts(self, rows: range) -> np.ndarray:
-        """Link counts of consecutive rows: 1 for a file, 2 + its subdirectories for a directory."""
+        """Link counts of consecutive rows: 1 for a file (its group's size for a hard-linked one),
+        2 + its subdirectories for a directory."""
         nlink = np.ones(len(rows), dtype=np.int64)
+        self.hard_links.count_links(rows.start, nlink)
         for offset in np.flatnonzero(self.kinds(slice(rows.start, rows.stop)) == stat.S_IFDIR).tolist():
             children = self.children(rows.start + offset)
             subdirs = self.kinds(slice(children.start, children.stop)) == stat.S_IFDIR
@@ -462,7 +478,7 @@ def stored_dataset_id(store: Store, any_version: bool = False) -> tuple[str, int
     size = store.size(fmt.INDEX_NAME)
     if size is None:
         raise DatasetError(f"{store.url} is not a dlfs dataset (no {fmt.INDEX_NAME}); run dlfs pack first")
-    meta_offset, meta_length, file_length = fmt.index_header(
+    _, meta_offset, meta_length, file_length = fmt.index_header(
         store.read(fmt.INDEX_NAME, 0, fmt.HEADER_SIZE), source, any_version
     )
     if file_length != size:  # nothing below asks the store for more than it holds

@@ -45,6 +45,15 @@ class Reader:
         self.storage_bytes += length
         return self.store.read(self.index.shard_of(row), int(self.index.offset[row]) + offset, length)
 
+    def read_file_range(self, row: int, offset: int, length: int) -> bytes:
+        """``length`` bytes of a large file (stored raw, or as a sparse file's runs), starting
+        ``offset`` bytes into the file; fewer past its end."""
+        if not int(self.index.flags[row]) & fmt.FLAG_SPARSE:
+            return self.read_range(row, offset, length)
+        length = max(0, min(length, int(self.index.size[row]) - offset))
+        at, stored, runs = self.index.sparse.piece(row, offset, length)
+        return fmt.expand_sparse(self.read_range(row, at, stored) if stored else b"", runs, offset, length)
+
     def fetch_into(self, row: int, shard_offset: int, buffer: memoryview, wait: bool = True) -> int | None:
         """Any byte range of the shard holding ``row`` (read-ahead covers neighbours with one read);
         see ``Store.read_into``."""
@@ -154,19 +163,20 @@ class Reader:
     def decode(self, row: int, stored: bytes | memoryview) -> bytes | memoryview:
         """Stored payload -> original bytes, verified against the file's checksum."""
         index = self.index
-        return fmt.decode_payload(
-            stored, int(index.flags[row]), int(index.size[row]), int(index.checksum[row])
-        )
+        flags = int(index.flags[row])
+        runs = index.sparse.runs(row) if flags & fmt.FLAG_SPARSE else None
+        return fmt.decode_payload(stored, flags, int(index.size[row]), int(index.checksum[row]), runs)
 
     def check(self, row: int) -> None:
-        """Verify one file of any size against its checksum without holding it whole."""
+        """Verify one file of any size against its checksum without holding it whole. A large
+        file is stored raw or as sparse runs, and either checksum is of its stored bytes."""
         if self.is_whole(row):
             self.load(row)
             return
-        size = int(self.index.size[row])
+        stored = int(self.index.stored[row])
         hasher = xxhash.xxh3_64()
-        for start in range(0, size, VERIFY_CHUNK):
-            chunk = self.read_range(row, start, min(VERIFY_CHUNK, size - start))
+        for start in range(0, stored, VERIFY_CHUNK):
+            chunk = self.read_range(row, start, min(VERIFY_CHUNK, stored - start))
             if not chunk:
                 break
             hasher.update(chunk)

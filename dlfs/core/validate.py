@@ -46,6 +46,8 @@ def check_rows(meta: dict[str, Any], arrays: dict[str, np.ndarray], source: str)
     _check_files(meta, arrays, is_file, source)
     _check_links(arrays, is_link, source)
     _check_owners(arrays, source)
+    _check_hard_links(arrays, is_file, source)
+    _check_sparse(arrays, is_file, source)
     return runs
 
 
@@ -210,11 +212,16 @@ def _check_files(
         outside = (start < floor) | (start > limit) | (length > limit - start)
         _first(source, files & outside, "has bytes outside its shard", base=first)
         raw = files
-        if used & fmt.FLAG_LZ4:
-            lz4 = files & ((flags[rows] & np.uint8(fmt.FLAG_LZ4)) != 0)
-            raw = files & ~lz4
+        if used & fmt.ENCODED:
+            encoded = flags[rows] & np.uint8(fmt.ENCODED)
+            lz4, sparse = files & (encoded == fmt.FLAG_LZ4), files & (encoded == fmt.FLAG_SPARSE)
+            raw = files & (encoded == 0)
+            _first(source, files & (encoded == fmt.ENCODED), "is both lz4 and sparse", base=first)
             impossible = (length == 0) | (size[rows] > fmt.WHOLE_PAYLOAD_LIMIT)
             _first(source, lz4 & impossible, "has an impossible lz4 size", base=first)
+            _first(
+                source, sparse & (length > size[rows]), "stores more bytes than its sparse size", base=first
+            )
         _first(
             source,
             raw & (size[rows] != length),
@@ -241,3 +248,62 @@ def _check_owners(arrays: dict[str, np.ndarray], source: str) -> None:
         raise fmt.invalid_index(source, "its owners table is not at most 65,536 (uid, gid) pairs")
     if int(owner.max()) >= owners.size // 2:
         _first(source, owner >= owners.size // 2, "names an owner past the owners table")
+
+
+def _pairs(arrays: dict[str, np.ndarray], name: str, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """A table of pairs, as its two columns (int64); refused if it is not pairs."""
+    table = arrays[name]
+    if table.size % 2:
+        raise fmt.invalid_index(source, f"its {name} table is not pairs")
+    pairs = table.astype(np.int64).reshape(-1, 2)
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _check_hard_links(arrays: dict[str, np.ndarray], is_file: np.ndarray, source: str) -> None:
+    """The hard-link table is (row, inode row) pairs, rows increasing, each one a file; each group
+    of rows sharing an inode row has two or more, the inode row being its first, and its files
+    store the same bytes: a mount serves every one of them from the inode row."""
+    rows, inodes = _pairs(arrays, "hardlinks", source)
+    if not rows.size:
+        return
+    if rows.max() >= is_file.size or inodes.max() >= is_file.size or rows.min() < 0 or inodes.min() < 0:
+        raise fmt.invalid_index(source, "its hard-link table names a row past the entries")
+    _first(source, np.diff(rows) <= 0, "is out of order in the hard-link table", rows[1:])
+    _first(source, ~is_file[rows], "is a hard link but not a file", rows)
+    found = np.minimum(np.searchsorted(rows, inodes), rows.size - 1)
+    heads = (rows[found] == inodes) & (inodes[found] == inodes) & (inodes <= rows)
+    _first(source, ~heads, "shares the inode of a row that is not its group's first", rows)
+    _first(source, np.bincount(found)[found] < 2, "is a hard link alone in its group", rows)
+    for column in ("shard", "offset", "stored", "size", "checksum", "flags"):
+        values = arrays[column]
+        _first(source, values[rows] != values[inodes], f"is a hard link whose {column} differs", rows)
+
+
+def _check_sparse(arrays: dict[str, np.ndarray], is_file: np.ndarray, source: str) -> None:
+    """The sparse table lists exactly the files flagged ``FLAG_SPARSE``, by row, each with where
+    its runs end in ``sparse_runs`` (increasing); each file's runs are non-empty, ascend without
+    overlap inside its size, and add up to the bytes it stores."""
+    rows, ends = _pairs(arrays, "sparse", source)
+    flagged = np.flatnonzero(is_file & ((arrays["flags"] & np.uint8(fmt.FLAG_SPARSE)) != 0))
+    if not np.array_equal(rows, flagged):
+        raise fmt.invalid_index(source, "its sparse table does not list exactly its sparse files")
+    offsets, lengths = _pairs(arrays, "sparse_runs", source)
+    if not rows.size:
+        if offsets.size:
+            raise fmt.invalid_index(source, "it has sparse runs but no sparse files")
+        return
+    starts = np.concatenate(([0], ends[:-1]))
+    if (ends < starts).any() or ends[-1] != offsets.size:
+        raise fmt.invalid_index(source, "its sparse table's runs do not span its run list")
+    owner = np.repeat(rows, ends - starts)
+    size = arrays["size"].astype(np.int64)[owner]
+    if offsets.min(initial=0) < 0 or lengths.min(initial=1) < 1:  # uint64 read as int64: past 2^63
+        raise fmt.invalid_index(source, "a sparse run is empty or starts past 2^63")
+    _first(source, (offsets > size) | (lengths > size - offsets), "has a sparse run outside its size", owner)
+    later = np.flatnonzero(owner[1:] == owner[:-1]) + 1  # runs after one of the same file
+    overlap = offsets[later] < offsets[later - 1] + lengths[later - 1]
+    _first(source, overlap, "has sparse runs out of order or overlapping", owner[later])
+    sums = np.concatenate(([0], np.cumsum(lengths)))
+    totals = sums[ends] - sums[starts]
+    stored = arrays["stored"].astype(np.int64)[rows]
+    _first(source, totals != stored, "stores other than its sparse runs' bytes", rows)

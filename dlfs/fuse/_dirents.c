@@ -15,9 +15,11 @@ const uint32_t dlfs_index_format = DLFS_INDEX_FORMAT;
 /* The layouts of the structs dlfs/fuse/dirents.py mirrors with ctypes, which it compares before it
  * uses this library: how many fields, the size, then each field's offset in declaration order. */
 const uint64_t dlfs_columns_layout[] = {
-    8, sizeof(struct columns), offsetof(struct columns, name_off), offsetof(struct columns, names),
+    12, sizeof(struct columns), offsetof(struct columns, name_off), offsetof(struct columns, names),
     offsetof(struct columns, mode), offsetof(struct columns, owner), offsetof(struct columns, owners),
-    offsetof(struct columns, size), offsetof(struct columns, stored), offsetof(struct columns, mtime)
+    offsetof(struct columns, size), offsetof(struct columns, stored), offsetof(struct columns, mtime),
+    offsetof(struct columns, hard_rows), offsetof(struct columns, hard_inodes),
+    offsetof(struct columns, hard_nlink), offsetof(struct columns, hard_count)
 };
 const uint64_t dlfs_reply_layout[] = {
     5, sizeof(struct reply), offsetof(struct reply, inode_base), offsetof(struct reply, valid),
@@ -45,7 +47,8 @@ int64_t dlfs_encode_dirents(uint8_t *out, int64_t space, int64_t first, int64_t 
             fill_entry((struct fuse_entry_out *)record, c, r, row, (uint32_t)nlink[row - first]);
         else if (attrs == ATTRS_DIRS) /* node id 0: the kernel builds nothing for this name */
             memset(record, 0, sizeof(struct fuse_entry_out));
-        d->ino = (uint64_t)row + r->inode_base;
+        uint32_t nlink_unused;
+        d->ino = (uint64_t)inode_row(c, row, &nlink_unused) + r->inode_base;
         d->off = first_next + (uint64_t)(row - first);
         d->namelen = (uint32_t)namelen;
         d->type = (c->mode[row] & S_IFMT) >> 12;

@@ -13,7 +13,7 @@
 /* The index format these columns are laid out for (dlfs/core/format.py FORMAT_VERSION), exported as
  * dlfs_index_format: Python will not use a library built for another, which would read the columns
  * at the wrong widths. */
-#define DLFS_INDEX_FORMAT 2
+#define DLFS_INDEX_FORMAT 3
 
 /* The index's columns (dlfs/core/format.py SECTIONS), little-endian like the host this is built for. */
 struct columns {
@@ -23,6 +23,9 @@ struct columns {
     const uint32_t *owners; /* (uid, gid) pairs; row r's are owners[2 * owner[r]] and the next */
     const uint64_t *size, *stored;
     const int64_t *mtime;
+    /* The hard-linked rows, increasing, each one's inode row and link count (dlfs/core/hardlinks.py). */
+    const uint32_t *hard_rows, *hard_inodes, *hard_nlink;
+    uint64_t hard_count;
 };
 
 /* What every entry of a reply shares. */
@@ -36,8 +39,27 @@ struct reply {
 #define BLOCK 512
 #define NSEC 1000000000
 
+/* The row whose inode row answers as: its own, or its hard-link group's first, whose link count
+ * then replaces *nlink. */
+static inline int64_t inode_row(const struct columns *c, int64_t row, uint32_t *nlink) {
+    uint64_t lo = 0, hi = c->hard_count;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (c->hard_rows[mid] < (uint64_t)row)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == c->hard_count || c->hard_rows[lo] != (uint64_t)row)
+        return row;
+    *nlink = c->hard_nlink[lo];
+    return c->hard_inodes[lo];
+}
+
+/* The entry of a row, which answers as its inode row (inode_row). */
 static inline void fill_entry(struct fuse_entry_out *e, const struct columns *c, const struct reply *r,
                               int64_t row, uint32_t nlink) {
+    row = inode_row(c, row, &nlink);
     uint32_t mode = c->mode[row];
     uint64_t used = S_ISREG(mode) ? c->stored[row] : S_ISDIR(mode) ? c->size[row] : 0;
     int64_t sec = c->mtime[row] / NSEC, nsec = c->mtime[row] % NSEC;

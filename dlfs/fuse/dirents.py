@@ -107,7 +107,9 @@ def encode(
     ends, name_len = ends[:count], name_len[:count]
     starts = np.concatenate(([0], ends[:-1]))
     out = np.zeros(int(ends[-1]), dtype=np.uint8)
-    inodes = np.arange(rows.start, rows.stop, dtype=np.uint64) + np.uint64(inode_base)
+    inodes = index.hard_links.inode_rows(np.arange(rows.start, rows.stop)).astype(np.uint64) + np.uint64(
+        inode_base
+    )
     mode = index.mode[rows.start : rows.stop]
 
     dirent = np.zeros(count, DIRENT)
@@ -185,21 +187,32 @@ def mismatch(library: ctypes.CDLL, mirrors: dict[str, type[ctypes.Structure]]) -
     return None
 
 
+#: The index's columns ``struct columns`` points at, in its order.
+INDEX_COLUMNS = ("name_off", "names", "mode", "owner", "owners", "size", "stored", "mtime")
+
+
 class Columns(ctypes.Structure):
     """``struct columns`` of ``_entry.h``: where the index's columns lie in memory."""
 
     _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in ("name_off", "names", "mode", "owner", "owners", "size", "stored", "mtime")
+        *((name, ctypes.c_void_p) for name in INDEX_COLUMNS),
+        *((name, ctypes.c_void_p) for name in ("hard_rows", "hard_inodes", "hard_nlink")),
+        ("hard_count", ctypes.c_uint64),
     ]
 
     @classmethod
     def of(cls, index: Index) -> Columns | None:
         """The columns of ``index``, or None when they are not in this host's byte order."""
-        columns = {name: getattr(index, name) for name, _ in cls._fields_}
+        links = index.hard_links
+        columns = {
+            **{name: getattr(index, name) for name in INDEX_COLUMNS},
+            "hard_rows": links.rows,
+            "hard_inodes": links.inodes,
+            "hard_nlink": links.nlink,
+        }
         if not all(c.flags.c_contiguous and c.dtype.isnative for c in columns.values()):
             return None
-        return cls(**{name: column.ctypes.data for name, column in columns.items()})
+        return cls(**{name: column.ctypes.data for name, column in columns.items()}, hard_count=len(links))
 
 
 class Reply(ctypes.Structure):

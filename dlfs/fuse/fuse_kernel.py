@@ -69,9 +69,10 @@ class FuseKernel:
         self._revealing = threading.Lock()  # batches fetched side by side share folders: list each once
 
     def push(self, row: int, data: bytes | memoryview) -> None:
-        """Store a whole file in the kernel page cache (inode = row + 1)."""
+        """Store a whole file in the kernel page cache (inode = its inode row + 1)."""
         if data:
-            pyfuse3.notify_store(pyfuse3.InodeT(row + pyfuse3.ROOT_INODE), 0, data)
+            inode = self.index.hard_links.inode_row(row) + pyfuse3.ROOT_INODE
+            pyfuse3.notify_store(pyfuse3.InodeT(inode), 0, data)
 
     def holds(self, row: int) -> bool:
         return self.pages.holds(self.index.path(row), int(self.index.size[row]))
@@ -91,4 +92,4 @@ class FuseKernel:
         (``readahead_loop_missing``) whose answer the mount also prints on the terminal."""
         if readahead_loop_missing() is not None:
             return None
-        return NativePusher(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE)
+        return NativePusher(pyfuse3.dev_fuse_fd(), pyfuse3.ROOT_INODE, self.index.hard_links.inode_rows)

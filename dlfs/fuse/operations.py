@@ -172,7 +172,7 @@ class DlfsOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if self.lister is not None:
             self.lister.looked_up(parent)
-        return self._entry(row)
+        return self._entry(self.index.hard_links.inode_row(row))
 
     async def _control_lookup(self, parent_inode: int, name: bytes) -> EntryAttributes:
         inode = self.control.lookup(parent_inode, name)

@@ -94,7 +94,9 @@ class TrioReader(Reader):
             if not self._verified[row]:
                 await self._once(row, self.check)
                 self._verified[row] = True
-            return await trio.to_thread.run_sync(self.read_range, row, offset, size, limiter=self._limiter)
+            return await trio.to_thread.run_sync(
+                self.read_file_range, row, offset, size, limiter=self._limiter
+            )
         except DlfsError as error:
             self.report(row, error)
             raise

@@ -11,6 +11,7 @@ also the fallback when the library was not built (``make install`` builds it).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,9 +33,18 @@ ALIGN = DIRECT_ALIGN
 class NativePusher:
     """The C loop, bound to one mount's ``/dev/fuse`` descriptor; blocking, for fetching threads."""
 
-    def __init__(self, fuse_fd: int, first_inode: int, library: Path = LIBRARY) -> None:
+    def __init__(
+        self,
+        fuse_fd: int,
+        first_inode: int,
+        inode_rows: Callable[[np.ndarray], np.ndarray] | None = None,
+        library: Path = LIBRARY,
+    ) -> None:
+        """``inode_rows``: the rows whose inodes files' rows answer as (``Index.hard_links``);
+        None: each row its own."""
         self.fuse_fd = fuse_fd
         self.first_inode = np.uint64(first_inode)
+        self.inode_rows = inode_rows
         lib = ctypes.CDLL(str(library))  # ctypes releases the GIL for the duration of each call
         self._call = lib.dlfs_push_files
         self._call.restype = ctypes.c_int
@@ -75,7 +85,8 @@ class NativePusher:
             np.ascontiguousarray(a, t) for a, t in zip(reads, _READ, strict=True)
         )
         at, size, checksum, rows = files
-        nodeids = np.where(rows >= 0, rows.astype(np.uint64) + self.first_inode, np.uint64(0))
+        inodes = rows if self.inode_rows is None else np.where(rows >= 0, self.inode_rows(rows), rows)
+        nodeids = np.where(rows >= 0, inodes.astype(np.uint64) + self.first_inode, np.uint64(0))
         status = np.empty(rows.size, dtype=np.int32)
         cold = self._call(
             self.fuse_fd, buffer, buffer.size, fds.size, fds, direct_fds, offsets, lengths, ends,

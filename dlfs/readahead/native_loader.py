@@ -76,7 +76,7 @@ class NativeLoader:
         index = self.index
         return (
             ~sentinel
-            & (index.flags[rows] & fmt.FLAG_LZ4 == 0)
+            & (index.flags[rows] & fmt.ENCODED == 0)
             & (index.size[rows] <= fmt.WHOLE_PAYLOAD_LIMIT)
             & (self._descriptors[0, index.shard[rows]] >= 0)
         )

@@ -144,8 +144,61 @@ def _wrapping(arrays: Arrays, meta: Meta) -> None:
     arrays["stored"][ROW_B] = arrays["size"][ROW_B] = (1 << 64) - 50
 
 
+def _table(name: str, *values: int) -> Callable[[Arrays, Meta], None]:
+    """Set a table section (``hardlinks``, ``sparse``, ``sparse_runs``) to ``values``."""
+
+    def change(arrays: Arrays, meta: Meta) -> None:
+        arrays[name] = np.array(values, dtype=fmt.SECTIONS[name])
+
+    return change
+
+
+def _both(*changes: Callable[[Arrays, Meta], None]) -> Callable[[Arrays, Meta], None]:
+    def change(arrays: Arrays, meta: Meta) -> None:
+        for one in changes:
+            one(arrays, meta)
+
+    return change
+
+
+def _same_bytes(arrays: Arrays, meta: Meta) -> None:
+    """Give a/y a/x's bytes, as the rows of a hard-linked file have."""
+    for column in ("shard", "offset", "stored", "size", "checksum", "flags"):
+        arrays[column][ROW_Y] = arrays[column][ROW_X]
+
+
+def _sparse_x(*runs: int, size: int = 10_000) -> Callable[[Arrays, Meta], None]:
+    """a/x (3,000 bytes stored) as a sparse file of ``size`` bytes with ``runs`` (offset, length)."""
+    return _both(
+        _set("flags", ROW_X, fmt.FLAG_SPARSE),
+        _set("size", ROW_X, size),
+        _table("sparse", ROW_X, len(runs) // 2),
+        _table("sparse_runs", *runs),
+    )
+
+
 LONG = b"p" * 40
 COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
+    "a hard-link table of odd length": (_table("hardlinks", ROW_X), "hardlinks table is not pairs"),
+    "a hard link past the entries": (_table("hardlinks", ROW_X, ROW_X, 1000, ROW_X), "past the entries"),
+    "hard links out of order": (_table("hardlinks", ROW_Y, ROW_X, ROW_X, ROW_X), "out of order"),
+    "a hard-linked folder": (_table("hardlinks", 1, 1, ROW_X, 1), "is a hard link but not a file"),
+    "a hard link alone": (_table("hardlinks", ROW_X, ROW_X), "alone in its group"),
+    "a hard link's inode not its group's first": (
+        _both(_same_bytes, _table("hardlinks", ROW_X, ROW_Y, ROW_Y, ROW_Y)),
+        "not its group's first",
+    ),
+    "hard links to other bytes": (_table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X), "differs"),
+    "a sparse flag without a map": (_set("flags", ROW_X, fmt.FLAG_SPARSE), "exactly its sparse files"),
+    "a map without the sparse flag": (
+        _both(_table("sparse", ROW_X, 1), _table("sparse_runs", 0, 3000)),
+        "exactly",
+    ),
+    "a sparse run past the file": (_sparse_x(9000, 3000), "sparse run outside its size"),
+    "sparse runs that overlap": (_sparse_x(0, 2000, 1000, 1000), "out of order or overlapping"),
+    "sparse runs short of the stored bytes": (_sparse_x(0, 2000), "other than its sparse runs"),
+    "an empty sparse run": (_sparse_x(0, 3000, 5000, 0), "is empty"),
+    "sparse and lz4": (_both(_sparse_x(0, 3000), _set("flags", ROW_X, fmt.ENCODED)), "both lz4 and sparse"),
     "slash in a name": (_rename({ROW_B: b"b/txt"}), "containing '/' or NUL"),
     "NUL in a name": (_rename({ROW_B: b"b\x00txt"}), "containing '/' or NUL"),
     "a name '.'": (_rename({1: b"."}), "named '.'"),
@@ -374,7 +427,9 @@ def test_the_valid_index_loads_and_encodes_back_the_same(valid: bytes) -> None:
 def one_folder(names: list[bytes]) -> bytes:
     """An index of a root holding one empty file per name, in the order given."""
     count = len(names) + 1
-    arrays: Arrays = {name: np.zeros(count, dtype=dtype) for name, dtype in fmt.SECTIONS.items()}
+    arrays: Arrays = {
+        name: np.zeros(0 if name in fmt.BLOBS else count, dtype=dtype) for name, dtype in fmt.SECTIONS.items()
+    }
     arrays["mode"][:] = stat.S_IFREG | 0o644
     arrays["mode"][0] = stat.S_IFDIR | 0o755
     arrays["offset"][1:] = fmt.HEADER_SIZE
@@ -417,3 +472,16 @@ def test_refusals_name_the_first_bad_entry_of_a_large_index(at: int) -> None:
         load(one_folder(names))
     names[at + 1] = names[at] + b"a"
     assert load(one_folder(names)).lookup(0, names[at + 1]) == at + 2
+
+
+def test_a_hard_link_table_and_a_sparse_map_that_keep_the_rules_load(valid: bytes) -> None:
+    """a/x and a/y as one file of two names, a/x also as 3,000 bytes at 100 of 10,000: the rows
+    answer as one inode of link count 2, and the map gives where the bytes lie."""
+    arrays, meta = decode(valid)
+    _both(_same_bytes, _table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X))(arrays, meta)
+    index = load(fmt.encode_index(arrays, meta))
+    assert index.hard_links.inode_row(ROW_Y) == ROW_X and index.attrs(ROW_Y).nlink == 2
+    arrays, meta = decode(valid)
+    _sparse_x(100, 3000)(arrays, meta)
+    index = load(fmt.encode_index(arrays, meta))
+    assert index.sparse.runs(ROW_X).tolist() == [[100, 3000]] and index.attrs(ROW_X).size == 10_000

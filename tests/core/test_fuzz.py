@@ -13,10 +13,11 @@ Each test prints how many ran.
 from __future__ import annotations
 
 import json
+import os
 import random
 import stat
 import struct
-import tarfile
+import subprocess
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DatasetError, IntegrityError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
 DEFAULT_EXAMPLES = 1000
@@ -49,7 +50,8 @@ FUZZ = fuzz_settings(EXAMPLES)
 
 
 def make_tree(root: Path) -> Path:
-    """Folders, a symlink, and files raw and compressible (stored lz4) across several shards."""
+    """Folders, a symlink, a hard link, files raw and compressible (stored lz4) across several
+    shards, and a file with holes (sparse where a tar of it is: ``in_place_dataset``)."""
     rng = random.Random(25)
     for folder in ("cats", "dogs", "dogs/puppies"):
         (root / folder).mkdir(parents=True)
@@ -61,7 +63,12 @@ def make_tree(root: Path) -> Path:
             )
             (root / folder / f"img-{k:03d}.jpg").write_bytes(data)
     (root / "readme.txt").write_bytes(b"a dataset for fuzzing\n" * 20)
+    os.link(root / "readme.txt", root / "cats" / "readme-again.txt")
     (root / "latest").symlink_to("dogs/puppies")
+    with open(root / "dogs" / "holes.bin", "wb") as f:
+        for at in (5000, 40_000):
+            f.seek(at)
+            f.write(rng.randbytes(700))
     return root
 
 
@@ -79,8 +86,8 @@ def in_place_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     names the files the daemon opens."""
     work = tmp_path_factory.mktemp("fuzz-in-place")
     tar = work / "src.tar"
-    with tarfile.open(tar, "w") as out:
-        out.add(make_tree(work / "src"), arcname=".")
+    command = ["tar", "--format=pax", "--sparse", "-cf", tar, "-C", make_tree(work / "src"), "."]
+    subprocess.run(command, check=True, timeout=60)
     pack(tar, work / "dst", PackOptions(progress=False, in_place=True))
     return work / "dst"
 
@@ -325,3 +332,9 @@ def test_the_fuzzed_dataset_has_every_kind_of_entry(dataset: Path) -> None:
     kinds = index.mode & fmt.TYPE_MASK
     assert {stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK} == set(np.unique(kinds).tolist())
     assert len(index.shard_names) > 3
+    assert len(index.hard_links) == 2, "the hard-link table"
+
+
+def test_the_fuzzed_in_place_dataset_has_a_sparse_file_and_a_hard_link(in_place_dataset: Path) -> None:
+    index = Index.load(LocalStore(in_place_dataset))
+    assert len(index.sparse) == 1 and len(index.hard_links) == 2
