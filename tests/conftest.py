@@ -26,8 +26,11 @@ from dlfs import system_install
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.libc import cached_pages
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
+
+# The tests' shared helper modules: a failed comparison inside one shows its difference.
+pytest.register_assert_rewrite("archives")
 
 # No test, and no process a test starts, may ask the cloud's instance metadata service for
 # credentials: botocore's chain does when none are configured, and that request leaves the machine.

@@ -30,9 +30,15 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # command's connections with strace.
 command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 command -v strace >/dev/null 2>&1 || missing+=(strace)
-# The archive tests compare dlfs pack of a zip with what Info-ZIP's unzip extracts.
+# The archive tests compare dlfs pack of a zip with what Info-ZIP's unzip extracts, and of tars
+# written by bsdtar (libarchive) with what tar x extracts.
 command -v zip >/dev/null 2>&1 || missing+=(zip)
 command -v unzip >/dev/null 2>&1 || missing+=(unzip)
+command -v bsdtar >/dev/null 2>&1 || missing+=(libarchive-tools)
+# ... and with the compressors whose tars they read.
+command -v zstd >/dev/null 2>&1 || missing+=(zstd)
+command -v xz >/dev/null 2>&1 || missing+=(xz-utils)
+command -v bzip2 >/dev/null 2>&1 || missing+=(bzip2)
 # The tests check the systemd unit dlfs@.service with systemd-analyze verify.
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
@@ -44,5 +50,8 @@ echo "installing Debian packages: ${missing[*]}"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+# Another apt (unattended-upgrades on a fresh machine) may hold the lock: wait for it, within a
+# bound; apt says what it waits for.
+lock_wait=(-o DPkg::Lock::Timeout=300)
+$sudo apt-get "${lock_wait[@]}" update -qq
+$sudo apt-get "${lock_wait[@]}" install -y -qq "${missing[@]}" >/dev/null

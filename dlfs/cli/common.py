@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dlfs import logs
-from dlfs.core.errors import DlfsError
+from dlfs.core.errors import DlfsError, InternalError
 from dlfs.core.store.interface import StoreOptions
 
 if TYPE_CHECKING:  # the index is numpy-backed: loaded only by the commands that read one
     from dlfs.core.index import Index
+
+log = logging.getLogger(__name__)
 
 #: A command's work: the parsed flags in, the exit status out.
 Command = Callable[[argparse.Namespace], int]
@@ -67,6 +69,12 @@ def global_flags(target: argparse.ArgumentParser, default: object) -> argparse.A
     target.add_argument("-v", "--verbose", action="store_true", default=default, help="log debug messages")
     target.add_argument(
         "-q", "--quiet", action="store_true", default=default, help="no progress bars, warnings only"
+    )
+    target.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="log debug messages, and the traceback of an internal error (a bug in dlfs) on stderr",
     )
     unset = default if default is argparse.SUPPRESS else None
     target.add_argument(
@@ -154,13 +162,21 @@ def load_index(args: argparse.Namespace) -> Index:
         store.close()
 
 
+#: The exit status of an internal error (sysexits.h EX_SOFTWARE).
+EXIT_BUG = 70
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command with logging as the global flags say; a ``DlfsError`` is one line on
-    stderr and exit 1, Ctrl-C exit 130, a reader that went away (``dlfs ls | head``) exit 0."""
+    stderr and exit 1, Ctrl-C exit 130, a reader that went away (``dlfs ls | head``) exit 0. Any
+    other exception is a bug in dlfs: one line that says so, and its traceback in the log file
+    (``--log-file``) or, with ``--debug``, on stderr."""
     if args.log_level:
         level = logging.getLevelNamesMapping()[args.log_level.upper()]
     else:
-        level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+        level = (
+            logging.DEBUG if args.verbose or args.debug else logging.WARNING if args.quiet else logging.INFO
+        )
     logging.getLogger("botocore").setLevel(logging.WARNING)  # where it found credentials, each start
     try:
         logs.configure(level, args.log_file)
@@ -173,3 +189,18 @@ def run(args: argparse.Namespace) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:
+        if args.debug or args.log_file:
+            log.error("internal error", exc_info=exc)
+        where = (
+            f"the log, {args.log_file}" if args.log_file else "the output of the same command with --debug"
+        )
+        print(f"dlfs: {bug_message(exc)}; please report it, with {where}", file=sys.stderr)
+        return EXIT_BUG
+
+
+def bug_message(exc: BaseException) -> str:
+    """An exception that is a bug, in one line: an ``InternalError`` says where it happened."""
+    if isinstance(exc, InternalError):
+        return str(exc)
+    return f"internal error ({type(exc).__name__}: {exc})"

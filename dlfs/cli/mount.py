@@ -13,6 +13,7 @@ from dlfs.cli.common import (
     SIZES,
     Subparsers,
     add_command,
+    bug_message,
     parse_size,
     parse_size_or_auto,
     store_flags,
@@ -72,7 +73,7 @@ def add_parser(sub: Subparsers) -> None:
         "(shuffle=True) is not bound by the disk's IOPS; 0 turns it off (default auto: 4M when the "
         "shards fit in half the machine's memory, else 0)",
     )
-    p.add_argument("--debug", action="store_true", help="libfuse request tracing (foreground)")
+    p.add_argument("--fuse-debug", action="store_true", help="libfuse request tracing (foreground)")
     p.add_argument("--systemd", action="store_true", help="send READY=1 to systemd when mounted")
     p.add_argument(
         "--metrics-port",
@@ -151,10 +152,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
 
-    def ready(notes: list[str]) -> None:
+    def answer(message: str) -> None:
+        """Tell the waiting ``dlfs mount`` (``--ready-fd``) how the start went, once."""
         if args.ready_fd is not None:
-            os.write(args.ready_fd, "".join(f"{line}\n" for line in ["ok", *notes]).encode())
+            os.write(args.ready_fd, message.encode())
             os.close(args.ready_fd)
+            args.ready_fd = None
+
+    def ready(notes: list[str]) -> None:
+        answer("".join(f"{line}\n" for line in ["ok", *notes]))
         if args.systemd:
             _notify_systemd()
 
@@ -163,8 +169,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve(args.dataset, args.mountpoint, options, ready)
     except DlfsError as exc:
-        if args.ready_fd is not None:
-            os.write(args.ready_fd, f"error: {exc}\n".encode())
+        answer(f"error: {exc}\n")
+        raise
+    except Exception as exc:  # a bug: said so at once; its traceback goes to the daemon's log
+        answer(f"error: {bug_message(exc)}; please report it, with the daemon's log\n")
         raise
     return 0
 

@@ -1,8 +1,15 @@
 """Exception families a user can cause; each message says what to do next.
 
 The CLI prints ``str(error)`` on one line and exits non-zero, so messages must stand alone.
-Only the FUSE adapter turns these into errno values.
+Only the FUSE adapter turns these into errno values. ``InternalError`` is the one family that is
+not the user's: a bug, reported as one.
 """
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from os import PathLike
 
 
 class DlfsError(Exception):
@@ -31,3 +38,21 @@ class MountError(DlfsError):
 
 class StoreError(DlfsError):
     """The storage backend failed in a way retrying will not fix."""
+
+
+class InternalError(Exception):
+    """A failure of dlfs's own (a bug), raised from the exception that caused it: the message says
+    where it happened and asks for a report, and the CLI logs the cause's traceback (``--debug``
+    shows it). Never a ``DlfsError``: nothing the user did, nor a damaged input, is to blame."""
+
+
+@contextmanager
+def writing(path: str | PathLike[str]) -> Iterator[None]:
+    """A failed write (a full disk, a read-only one, a quota) as one line for the user, not a
+    traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise StoreError(
+            f"cannot write {path}: {exc.strerror or exc}; free space there or pack somewhere else"
+        ) from exc

@@ -211,7 +211,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         fuse_options = {"ro", "default_permissions", "subtype=dlfs", "fsname=dlfs:" + _option_safe(dataset)}
         if options.allow_other:
             fuse_options.add("allow_other")
-        if options.debug:
+        if options.fuse_debug:
             fuse_options.add("debug")
         try:
             pyfuse3.init(operations, str(mountpoint), fuse_options)

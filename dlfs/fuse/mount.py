@@ -49,7 +49,7 @@ class MountOptions:
     allow_other: bool = False
     threads: int = 16
     log_file: str | None = None
-    debug: bool = False
+    fuse_debug: bool = False
     seed: int = 0
     order: str = "full"
     block: int = 64
@@ -160,6 +160,21 @@ def check_fuse_device(device: Path = FUSE_DEVICE) -> None:
 
 def check_mountpoint(mnt: Path) -> None:
     check_fuse_device()
+    check_not_mounted(mnt)
+    try:
+        if not mnt.exists():
+            raise MountError(f"mountpoint {mnt} does not exist; create it with mkdir")
+        if not mnt.is_dir():
+            raise MountError(f"mountpoint {mnt} is not a directory")
+        with os.scandir(mnt) as entries:
+            if any(True for _ in entries):
+                raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
+    except OSError as exc:
+        raise MountError(f"cannot use mountpoint {mnt}: {exc.strerror}") from exc
+
+
+def check_not_mounted(mnt: Path) -> None:
+    """Refuse a mountpoint that is a mount; take over a dlfs mount whose daemon died."""
     # First, from /proc: a FUSE mount whose daemon died answers anything else with ENOTCONN.
     fstype = mounted_fstype(mnt)
     if fstype == FSTYPE and is_stale(mnt):  # nothing is lost by taking it over: its daemon is gone
@@ -171,16 +186,6 @@ def check_mountpoint(mnt: Path) -> None:
         )
     elif os.path.ismount(mnt) or fstype:
         raise MountError(f"{mnt} is already a mount point; unmount it first (dlfs umount {mnt})")
-    try:
-        if not mnt.exists():
-            raise MountError(f"mountpoint {mnt} does not exist; create it with mkdir")
-        if not mnt.is_dir():
-            raise MountError(f"mountpoint {mnt} is not a directory")
-        with os.scandir(mnt) as entries:
-            if any(True for _ in entries):
-                raise MountError(f"mountpoint {mnt} is not empty; mount on an empty directory")
-    except OSError as exc:
-        raise MountError(f"cannot use mountpoint {mnt}: {exc.strerror}") from exc
 
 
 def check_allow_other(allow_other: bool, conf: Path = FUSE_CONF) -> None:
@@ -215,6 +220,9 @@ def spawn(
     flag reaches the daemon without being spelled out twice. A daemon not ready after
     ``ready_timeout`` seconds is stopped, and so is the mount it may have made meanwhile.
     """
+    # Here first, so that a mountpoint in use is refused before a daemon would write the refusal
+    # into the log of the mount there (the daemon checks it all again: it may change meanwhile).
+    check_not_mounted(Path(mnt))
     log_file = Path(options.log_file) if options.log_file else default_log_file(mnt)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()

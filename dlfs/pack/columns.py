@@ -98,6 +98,8 @@ class IndexRows:
         self.name_bytes = len(tree.names)
         self._dirs = np.zeros(0, dtype=np.int64)
         self._new_dirs = np.zeros(0, dtype=np.int64)
+        #: The rows dropped, increasing.
+        self._dropped_rows = np.zeros(0, dtype=np.int64)
         if self.dropped:
             self._renumber()
 
@@ -113,7 +115,7 @@ class IndexRows:
 
     def _renumber(self) -> None:
         """New row numbers of the directories, and the name bytes of the rows dropped."""
-        dirs, new_dirs = [], []
+        dirs, new_dirs, dropped_rows = [], [], []
         dropped_before = 0
         for start, stop in self._chunks():
             keep = self._kept(start, stop)
@@ -123,9 +125,41 @@ class IndexRows:
             dropped = dropped_before + np.cumsum(~keep)
             dirs.append(rows[is_dir])
             new_dirs.append(rows[is_dir] - dropped[is_dir])
+            dropped_rows.append(rows[~keep])
             dropped_before = int(dropped[-1])
             self.name_bytes -= int(self._name_lengths(start, stop)[~keep].sum())
         self._dirs, self._new_dirs = np.concatenate(dirs), np.concatenate(new_dirs)
+        self._dropped_rows = np.concatenate(dropped_rows)
+
+    def _renumbered(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which of ``rows`` (increasing) the index keeps, and the new numbers of those."""
+        at = np.searchsorted(self._dropped_rows, rows)
+        kept = at == np.searchsorted(self._dropped_rows, rows, side="right")
+        return kept, (rows - at)[kept]
+
+    def _hard_links(self) -> np.ndarray:
+        """The ``hardlinks`` table: (row, inode row) of every kept row of a group of two or more,
+        the inode row being the group's first."""
+        pairs = []
+        for group in self.tree.hard_links.values():
+            _, rows = self._renumbered(np.array(sorted(group), dtype=np.int64))
+            if rows.size > 1:
+                pairs.append(np.stack((rows, np.full(rows.size, rows[0])), axis=1))
+        if not pairs:
+            return np.zeros(0, dtype=np.uint32)
+        table = np.concatenate(pairs)
+        return table[np.argsort(table[:, 0], kind="stable")].ravel()
+
+    def _sparse(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ``sparse`` table, (row, end of its runs), and the runs it ends in."""
+        if not self.tree.sparse:
+            return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
+        rows = np.array(sorted(self.tree.sparse), dtype=np.int64)
+        kept, new_rows = self._renumbered(rows)
+        maps = [self.tree.sparse[row] for row in rows[kept].tolist()]
+        ends = np.cumsum([len(runs) for runs in maps])
+        runs = np.array([run for runs in maps for run in runs], dtype=np.uint64).reshape(-1, 2)
+        return np.stack((new_rows, ends), axis=1).ravel().astype(np.uint64), runs.ravel()
 
     def _name_lengths(self, start: int, stop: int) -> np.ndarray:
         return np.diff(self.tree.columns["name_end"].fenced(start, stop))
@@ -172,6 +206,10 @@ class IndexRows:
             "links": (len(self.tree.links), self._blob("links")),
             "owners": (2 * len(owners), [np.array(list(owners), dtype=np.uint32).ravel()]),
         }
+        hard_links = self._hard_links()
+        sparse, runs = self._sparse()
+        for name, table in (("hardlinks", hard_links), ("sparse", sparse), ("sparse_runs", runs)):
+            out[name] = (table.size, [table])
         for column in fmt.SECTIONS:
             out.setdefault(column, (self.entries, self._column(column)))
         return out

@@ -19,21 +19,42 @@ from pathlib import Path
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import stored_dataset_id
-from dlfs.core.store import LocalStore, Store, StoreOptions, open_store
+from dlfs.core.store import Store, StoreOptions, open_store
+from dlfs.core.store.local import LocalStore
 from dlfs.pack.options import PackOptions
 
 log = logging.getLogger(__name__)
 
 
 def check_destination(src: Path, dst: Path, store: LocalStore, options: PackOptions) -> str | None:
-    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations."""
-    if dst.exists() and not dst.is_dir():
-        raise PackError(f"destination {dst} exists and is not a directory")
+    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations.
+    The destination directory must exist (``created``)."""
     real_src, real_dst = src.resolve(), dst.resolve()
     if real_dst == real_src or real_src in real_dst.parents:
         raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
-    dst.mkdir(parents=True, exist_ok=True)
     return replaced_dataset(store, options, "directory")
+
+
+@contextmanager
+def created(dst: Path) -> Iterator[None]:
+    """The destination directory, made with its missing parents; a pack that fails or is
+    interrupted removes those it made again, where nothing else came into them."""
+    if dst.exists() and not dst.is_dir():
+        raise PackError(f"destination {dst} exists and is not a directory")
+    made = [parent for parent in (dst, *dst.parents) if not parent.exists()]
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PackError(f"cannot create the destination {dst}: {exc.strerror}") from None
+    try:
+        yield
+    except BaseException:
+        for folder in made:  # the deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # not empty (or not ours to remove): it and its parents stay
+        raise
 
 
 def replaced_dataset(store: Store, options: PackOptions, kind: str) -> str | None:

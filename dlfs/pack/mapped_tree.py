@@ -63,7 +63,20 @@ def remap(walked: Tree, spill: Spill, options: PackOptions, summary: PackSummary
         files = tree.files.read(start, stop).astype(np.int64)
         origin.scatter(files, ledger.columns["source"].gather(file_members.read(start, stop)))
     tree.origin = (walked, origin)
+    _carry_hard_links(walked, tree, origin)
     return tree
+
+
+def _carry_hard_links(walked: Tree, tree: Tree, origin: Column) -> None:
+    """The walked tree's hard links, at the rows their files have now."""
+    keys = {row: key for key, rows in walked.hard_links.items() for row in rows}
+    if not keys:
+        return
+    for start, stop in tree.files.chunks(ROWS_CHUNK):
+        files = tree.files.read(start, stop).astype(np.int64)
+        for row, walked_row in zip(files.tolist(), origin.gather(files).tolist(), strict=True):
+            if walked_row in keys:
+                tree.hard_links.setdefault(keys[walked_row], []).append(row)
 
 
 def _bounds(ends: Column, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,16 +24,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dlfs import __version__
 from dlfs.core import format as fmt
-from dlfs.core.errors import PackError
+from dlfs.core.errors import PackError, writing
 from dlfs.core.interpreter import safe_path_children
-from dlfs.core.store import LocalStore, Store, WritesInPlace, is_s3, open_store
+from dlfs.core.store import Store, WritesInPlace, is_s3, open_store
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import images
 from dlfs.pack.archive.in_place import ArchiveWindows, InPlace
 from dlfs.pack.archive.source import Archive, scans
-from dlfs.pack.columns import IndexRows, Placed
-from dlfs.pack.destination import check_destination, locked, remove_leftovers, replaced_dataset
+from dlfs.pack.columns import PLACED_COLUMNS, IndexRows, Placed
+from dlfs.pack.destination import check_destination, created, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
 from dlfs.pack.mapped_tree import remap
 from dlfs.pack.objects import ObjectPrefix
@@ -118,10 +121,11 @@ def _archive(
 
 def _pack_to_directory(src: Path, archive: Source, dst: Path, options: PackOptions) -> PackSummary:
     store = LocalStore(dst, durable=options.sync)
-    old_id = check_destination(src, dst, store, options)
     try:
-        with locked(dst):
-            return _replace(src, archive, store, old_id, dst, options)
+        with created(dst):
+            old_id = check_destination(src, dst, store, options)
+            with locked(dst):
+                return _replace(src, archive, store, old_id, dst, options)
     finally:
         store.close()
 
@@ -188,7 +192,11 @@ def _write_payloads(
     (in place, their slots stay holes)."""
     started = time.monotonic()
     total = summary.source_bytes = tree.file_bytes
-    files = (tree.entries(rows) for rows in placement_order(tree, options.placement, options.seed))
+    leaders, followers = _hard_link_rows(tree)
+    files = (
+        tree.entries(rows[~np.isin(rows, followers)] if followers.size else rows)
+        for rows in placement_order(tree, options.placement, options.seed)
+    )
     reads = shards.reads(pool, files, options)
     with progress_bar(options, total) as bar:
         for file, slot, outcome in reads:
@@ -209,6 +217,28 @@ def _write_payloads(
                 show_files(bar, len(placed), started)
             bar.update(size)
         show_files(bar, len(placed), started)  # the bar's last line counts every file, as the summary
+    if followers.size:
+        _share_placements(tree, placed, leaders, followers)
+
+
+def _hard_link_rows(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of hard-linked files whose bytes are read once, for the first of their group (the
+    leader), and each other row with its leader: (leaders, followers), one pair per follower."""
+    pairs = [
+        (rows[0], row) for group in tree.hard_links.values() for rows in [sorted(group)] for row in rows[1:]
+    ]
+    table = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    return table[:, 0], table[:, 1]
+
+
+def _share_placements(tree: Tree, placed: Placed, leaders: np.ndarray, followers: np.ndarray) -> None:
+    """Each follower takes its leader's bytes and size; one whose leader could not be read (with
+    ``--skip-errors``) is left out with it."""
+    placed.flush()
+    kept = placed.columns["placed"].gather(leaders) == 1
+    leaders, followers = leaders[kept], followers[kept]
+    values = {name: placed.columns[name].gather(leaders) for name in PLACED_COLUMNS if name != "placed"}
+    placed.add_many(followers, tree.columns["size"].gather(leaders), values)
 
 
 def _count_transformed(summary: PackSummary, kept: images.Kept | None) -> None:
@@ -311,7 +341,7 @@ def _pack_locked(
             if options.transform is not None:
                 meta["transform"] = options.transform.describe(summary.codec)
             index_path = spill.path(fmt.INDEX_NAME)
-            with open(index_path, "wb", buffering=INDEX_BUFFER) as out:
+            with writing(index_path), open(index_path, "wb", buffering=INDEX_BUFFER) as out:
                 summary.index_bytes = fmt.write_index(out, rows.sections(), meta)
             hold()  # publishing: from here the pack finishes, whatever signal comes
             store.put_file(fmt.INDEX_NAME, index_path)

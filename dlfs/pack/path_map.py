@@ -6,8 +6,8 @@ source the same way: a tree's relative paths, an archive's member paths after no
 ``--expand-tars``, ``NAME/member``; in place from a folder of tars, ``shard/member``). Only files,
 symlinks and hard links move; a folder is never moved (a map naming one is refused) and a moved
 member's missing folders are made as an archive's unnamed folders are. Tree paths are untrusted
-like member names and pass the same rules (``members.normalize``); a moved symlink must still stay
-inside the tree from its new place (``members.check_symlink``).
+like member names and pass the same rules (``members.normalize``); a symlink moves with its target
+as it is, like any symlink member.
 
 The file is CSV, or TSV where its first entry line holds a tab, read with ``csv`` so that quoted
 names may hold the delimiter; blank lines and lines starting with ``#`` are skipped, and there is
@@ -193,11 +193,6 @@ class PathMap:
         self.mapped += 1
         self._check_free(entry)
         member.path = self.targets[entry]
-        if member.kind == stat.S_IFLNK:
-            try:
-                members.check_symlink(member.path, member.target)
-            except Refused as exc:
-                member.problem = f"{exc} once placed by {self._at(entry)}"
 
     def _check_free(self, entry: int) -> None:
         """Refuse a member placed where one that does not move lies."""

@@ -88,6 +88,12 @@ def encode(data: bytes, compress: bool, transform: Transform | None) -> Payload:
     return Payload(stored, flags | lz4, len(data), fmt.checksum(data), kept=kept)
 
 
+def sparse_payload(runs: bytes, size: int) -> Payload:
+    """A GNU sparse file's payload: its runs of data back to back, stored as they are and
+    checksummed as stored (``format.FLAG_SPARSE``)."""
+    return Payload(runs, fmt.FLAG_SPARSE, size, fmt.checksum(runs))
+
+
 def _prepare_batch(
     files: list[tuple[bytes, int]], compress: bool, transform: Transform | None
 ) -> list[Payload | OSError]:

@@ -11,6 +11,7 @@ at 58 MiB, 85 MiB in random placement (``make bench-packmem``; what a fault maps
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import shutil
@@ -20,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+
+from dlfs.core.errors import writing
 
 #: Spill folders' name prefix; one left by a killed pack is removed by the next pack into the
 #: same destination (``remove_stale``).
@@ -49,9 +52,10 @@ class Column:
     def __init__(self, path: Path, dtype: np.dtype | str, length: int = 0) -> None:
         self.path = path
         self.dtype = np.dtype(dtype)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        #: Preallocated columns start as zeros (a sparse file).
-        os.ftruncate(self._fd, length * self.dtype.itemsize)
+        with writing(path):
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            if length:
+                _reserve(self._fd, length * self.dtype.itemsize)
         self.length = length
         self._map: mmap.mmap | None = None
         self._view: np.ndarray | None = None
@@ -63,9 +67,10 @@ class Column:
         """Append values of this column's type (``bytes``: raw bytes of a ``u1`` column)."""
         raw = memoryview(values).cast("B")
         written = 0
-        while written < len(raw):
-            piece = raw[written : written + PIECE]
-            written += os.pwrite(self._fd, piece, self.length * self.dtype.itemsize + written)
+        with writing(self.path):
+            while written < len(raw):
+                piece = raw[written : written + PIECE]
+                written += os.pwrite(self._fd, piece, self.length * self.dtype.itemsize + written)
         self.length += len(raw) // self.dtype.itemsize
         self._unmap()
 
@@ -150,6 +155,18 @@ class Column:
     def close(self) -> None:
         self._unmap()
         os.close(self._fd)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make a preallocated column ``size`` bytes of zeros, its blocks reserved: ``scatter``
+    writes it through a mapping, where a full disk is a SIGBUS that kills the pack, not an error
+    it can report. A filesystem that cannot reserve (some network ones) gets a sparse file."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
 
 
 def append_buffers(pairs: Iterable[tuple[Column, array | bytearray]]) -> None:

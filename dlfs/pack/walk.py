@@ -73,6 +73,12 @@ class Tree:
         #: Laid out again by ``--map`` (``mapped_tree``): the walked tree whose paths the files are
         #: read from, and each row's row in it; None for the walk's own tree.
         self.origin: tuple[Tree, Column] | None = None
+        #: The rows of files that may share one inode (hard links), by what they share: (device,
+        #: inode) in a walked tree, the member a link named in an archive. A key with one row left
+        #: is no hard link. Datasets hold few, so they stay in memory.
+        self.hard_links: dict[object, list[int]] = {}
+        #: A GNU sparse file's runs of data, by row (``Member.sparse``).
+        self.sparse: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def __len__(self) -> int:
         return self.count
@@ -214,6 +220,8 @@ def walk(
                     summary.skipped_special += 1
                     continue
                 child = tree.add(row, name, st)
+                if kind == stat.S_IFREG and st.st_nlink > 1:
+                    tree.hard_links.setdefault((st.st_dev, st.st_ino), []).append(child)
                 if kind == stat.S_IFDIR:
                     tree.dirs[child] = Directory(child_path)
                     next_level.append(child)

@@ -12,16 +12,15 @@ import os
 import random
 import shutil
 import stat
-import subprocess
 import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from archives import COMPRESSORS, archive_tree, write_tar
 from conftest import TOOLS, assert_one_line_error, assert_sound, dlfs, mounted, tool
 from hypothesis import given
 from hypothesis import strategies as st
-from test_archive import WRITERS, extract, listing, safe_odd_tree
 from test_archive_fuzz import FUZZ, OUTCOMES, Seeds, archives, mutate, report  # noqa: F401 - fixtures
 
 from dlfs.core import format as fmt
@@ -29,13 +28,13 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return safe_odd_tree(tmp_path_factory.mktemp("in-place") / "src")
+    return archive_tree(tmp_path_factory.mktemp("in-place") / "src")
 
 
 def index_of(dataset: Path) -> Index:
@@ -50,37 +49,6 @@ def place_in_tar(dataset: Path, path: str) -> tuple[Path, int, int]:
     shard = int(index.shard[row])
     tar = index.archives[int(index.shard_archive[shard])]["path"]
     return Path(tar), int(index.shard_base[shard]) + int(index.offset[row]), int(index.size[row])
-
-
-def pack_in_place_and_compare(tmp_path: Path, archive: Path, *flags: str) -> Path:
-    """Pack ``archive`` in place, mount it and compare with what ``tar x`` makes of it; the
-    dataset, which holds nothing but the index."""
-    dst = tmp_path / "dst"
-    dlfs("pack", "--in-place", archive, dst, *flags)
-    assert sorted(p.name for p in dst.iterdir()) == [fmt.INDEX_NAME]
-    expected = listing(extract(archive, tmp_path / "extracted"))
-    with mounted(dst, tmp_path / "mnt") as mnt:
-        got = listing(mnt)
-    assert got == expected
-    return dst
-
-
-def write_tar(kind: str, tree: Path, out: Path) -> None:
-    """A tar of ``tree`` as GNU tar writes it in each format, or as Python's ``tarfile`` does;
-    ustar holds neither long names nor large ids: the parts of the tree it can."""
-    if kind == "tarfile":
-        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as archive:
-            archive.add(tree, arcname=".")
-        return
-    names = ["classes", "many", "plain.txt", "empty-dir-0700", "link-to-dir"] if kind == "ustar" else ["."]
-    subprocess.run(["tar", f"--format={kind}", "--numeric-owner", "-cf", out, "-C", tree, *names], check=True)
-
-
-@pytest.mark.parametrize("kind", ["gnu", "pax", "ustar", "tarfile"])
-def test_a_tar_is_served_in_place_as_tar_x_extracts_it(tree: Path, tmp_path: Path, kind: str) -> None:
-    archive = tmp_path / "src.tar"
-    write_tar(kind, tree, archive)
-    pack_in_place_and_compare(tmp_path, archive)
 
 
 def write_shards(folder: Path, shards: int, samples: int) -> dict[str, bytes]:
@@ -205,24 +173,9 @@ def test_a_byte_changed_inside_a_member_is_eio(tmp_path: Path, threads: str) -> 
     assert [entry["path"].split(" ")[0] for entry in bad] == [victim]
 
 
-def test_a_sparse_member_is_refused_with_in_place(tmp_path: Path) -> None:
-    """GNU tar stores a file with holes (``-S``) as a sparse member: its bytes as read are not one
-    run of the tar."""
-    (tmp_path / "src").mkdir()
-    with open(tmp_path / "src" / "sparse.bin", "wb") as f:
-        f.write(b"start")
-        f.truncate(1 << 20)
-    archive = tmp_path / "sparse.tar"
-    subprocess.run(["tar", "-cSf", archive, "--format=gnu", "-C", tmp_path / "src", "."], check=True)
-    result = dlfs("pack", "--in-place", archive, tmp_path / "dst", check=False)
-    assert_one_line_error(result, "sparse.bin", "sparse", "pack without --in-place")
-    assert not (tmp_path / "dst" / fmt.INDEX_NAME).exists()
-
-
 @pytest.mark.parametrize("kind", ["tar.gz", "tar.zst"])
 def test_a_compressed_tar_is_refused_with_in_place(tree: Path, tmp_path: Path, kind: str) -> None:
-    archive = tmp_path / f"src.{kind}"
-    subprocess.run([arg.format(src=tree, out=archive) for arg in WRITERS[kind]], check=True, timeout=60)
+    archive = write_tar("pax", tree, tmp_path / f"src.{kind}", COMPRESSORS[kind.removeprefix("tar.")])
     result = dlfs("pack", "--in-place", archive, tmp_path / "dst", check=False)
     assert_one_line_error(result, str(archive), kind, "pack without --in-place")
 

@@ -11,20 +11,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from archives import COMPRESSORS, archive_tree, extract, listing, write_tar
 from conftest import TEST_BUCKET, assert_one_line_error, dlfs, mounted, wait_until
 from seaweed import SeaweedServer
-from test_archive import WRITERS, extract, listing, safe_odd_tree
 
 from dlfs.core.index import Index
 from dlfs.core.protocol import order_path, parse_order
-from dlfs.core.store import LocalStore
+from dlfs.core.store.local import LocalStore
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return safe_odd_tree(tmp_path_factory.mktemp("s3-in-place") / "src")
+    return archive_tree(tmp_path_factory.mktemp("s3-in-place") / "src")
 
 
 def upload(server: SeaweedServer, url: str, path: Path) -> None:
@@ -103,7 +103,7 @@ def test_the_pass_reads_each_tar_in_a_few_large_gets(
     shards: tuple[str, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """36 members a tar, and one GET each for the tar's few blocks, none per member."""
-    from dlfs.core.store.s3 import S3Store
+    from dlfs.core.store.s3.store import S3Store
     from dlfs.pack import PackOptions, pack
 
     gets: list[tuple[str, int, int]] = []
@@ -259,8 +259,7 @@ def test_info_ls_and_verify_name_the_s3_tars(shards: tuple[str, dict[str, bytes]
 def test_a_compressed_tar_in_s3_is_refused_with_in_place(
     tree: Path, tmp_path: Path, s3_server: SeaweedServer, s3: str, kind: str
 ) -> None:
-    archive = tmp_path / f"src.{kind}"
-    subprocess.run([arg.format(src=tree, out=archive) for arg in WRITERS[kind]], check=True, timeout=60)
+    archive = write_tar("pax", tree, tmp_path / f"src.{kind}", COMPRESSORS[kind.removeprefix("tar.")])
     upload(s3_server, f"{s3}/src.{kind}", archive)
     result = dlfs("pack", "--in-place", f"{s3}/src.{kind}", tmp_path / "dst", check=False)
     assert_one_line_error(result, f"{s3}/src.{kind}", kind, "pack without --in-place")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from archives import seal
 from hypothesis import given
 from hypothesis import strategies as st
-from test_archive import seal
 from test_archive_fuzz import FUZZ, Seeds, archives, mutate  # noqa: F401 - fixtures
 
 from dlfs.core.errors import PackError
@@ -203,3 +203,19 @@ def test_the_c_loop_agrees_with_the_python_reader_on_mutated_tars(
     tar = tmp_path / "fuzz.tar"
     tar.write_bytes(raw)
     agree(tar, data.draw(st.booleans()))
+
+
+@pytest.mark.parametrize("magic", [b"ustar  \0", b"\0" * 8], ids=["gnu", "v7"])
+def test_a_name_prefix_is_read_only_under_posix_magic(tmp_path: Path, magic: bytes) -> None:
+    """Bytes 345-500 are a name prefix only under ``ustar\\0``: under GNU's magic they hold times
+    (``tar -G``), under none (v7) nothing; both readers then take the name field alone."""
+    tar = bytearray(
+        tar_of(tmp_path / "a.tar", (info("dir/file"), b"data"), (info("other"), b"o")).read_bytes()
+    )
+    for at in (0, 1024):
+        tar[at + 257 : at + 265] = magic
+        tar[at + 345 : at + 357] = b"14130613451\0"
+        seal(tar, at)
+    (tmp_path / "a.tar").write_bytes(tar)
+    members, taken = agree(tmp_path / "a.tar")  # type: ignore[misc]
+    assert taken == 2 and [m[0] for m in members] == [b"dir/file", b"other"]

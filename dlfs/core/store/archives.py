@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import resource
 import stat
+import time
 from typing import Any
 
 from dlfs.core.errors import ShardError, StoreError
@@ -70,8 +71,9 @@ def open_archive(archive: dict[str, Any], owner: int) -> int:
     problem = ""
     if st.st_size != archive["size"] or st.st_mtime_ns != archive["mtime_ns"]:
         problem = (
-            f"archive {path} has changed since it was indexed ({st.st_size} bytes, mtime "
-            f"{st.st_mtime_ns} ns; indexed: {archive['size']} bytes, mtime {archive['mtime_ns']} ns); {AGAIN}"
+            f"archive {path} has changed since it was indexed (now {st.st_size:,} bytes, modified "
+            f"{_when(st.st_mtime_ns)}; indexed: {archive['size']:,} bytes, modified "
+            f"{_when(archive['mtime_ns'])}); {AGAIN}"
         )
     if problem:
         os.close(fd)
@@ -152,3 +154,10 @@ class ArchiveStore(Windows, LocalStore):
         for fd in self._checked:
             os.close(fd)
         self._checked.clear()
+
+
+def _when(mtime_ns: int) -> str:
+    """A modification time as a person reads it, to the nanosecond: two that differ only in the
+    nanoseconds (a copy that kept the seconds) must read as different."""
+    seconds, ns = divmod(mtime_ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f".{ns:09d}"

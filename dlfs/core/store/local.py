@@ -7,30 +7,17 @@ for the read-ahead's C loop, and writes gathered into ``writev`` with early writ
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from dlfs.core import libc
-from dlfs.core.errors import DatasetError, StoreError
+from dlfs.core.errors import DatasetError, StoreError, writing
 from dlfs.core.sealed import sealed_copy
+from dlfs.core.sniff import instead_of_a_dataset
 from dlfs.core.store.interface import InPlaceWriter, ShardWriter
-
-
-@contextlib.contextmanager
-def _writing(path: Path) -> Iterator[None]:
-    """A failed write (a full disk, a read-only one) as one line for the user, not a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        raise StoreError(
-            f"cannot write {path}: {exc.strerror}; free space there or pack somewhere else"
-        ) from exc
-
 
 WRITE_BUFFER = 4 << 20
 #: Payloads per writev (IOV_MAX is 1024).
@@ -68,7 +55,7 @@ class _NewFile:
     def __init__(self, path: Path, durable: bool) -> None:
         self._path = path
         self._durable = durable
-        with _writing(path):
+        with writing(path):
             self._file: BinaryIO = open(path, "wb", buffering=0)
         #: Bytes handed to the kernel, and how many of them the disk was asked to write.
         self._written = 0
@@ -78,7 +65,7 @@ class _NewFile:
         """Every buffer, in order, at ``offset`` or (None) at the file's position, going on after
         short writes."""
         left = sum(map(len, buffers))
-        with _writing(self._path):
+        with writing(self._path):
             while left:
                 if offset is None:
                     done = os.writev(self._file.fileno(), buffers)
@@ -102,7 +89,7 @@ class _NewFile:
         self._started = self._written
 
     def _commit(self, size: int | None) -> None:
-        with _writing(self._path):
+        with writing(self._path):
             if size is not None:
                 os.ftruncate(self._file.fileno(), size)
             if self._durable:
@@ -243,7 +230,18 @@ class LocalStore:
             return None
 
     def sizes(self) -> dict[str, int]:
-        return {entry.name: entry.stat().st_size for entry in os.scandir(self.root) if entry.is_file()}
+        try:
+            with os.scandir(self.root) as entries:
+                return {entry.name: entry.stat().st_size for entry in entries if entry.is_file()}
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise self._not_a_dataset() from exc
+
+    def _not_a_dataset(self) -> DatasetError:
+        """Why the root holds no dataset when it is not a directory: missing, or a file (an
+        archive, perhaps, with the command that makes a dataset of it)."""
+        if not os.path.lexists(self.root):
+            return DatasetError(f"{self.root} does not exist")
+        return DatasetError(instead_of_a_dataset(str(self.root)))
 
     def names(self) -> list[str]:
         return sorted(self.sizes())
@@ -256,14 +254,18 @@ class LocalStore:
             with open(path, "rb") as f:
                 return sealed_copy(f.fileno(), name)
         except FileNotFoundError as exc:
+            if not self.root.is_dir():
+                raise self._not_a_dataset() from exc
             raise DatasetError(f"{self.root} is not a dlfs dataset (no {name}); run dlfs pack first") from exc
+        except NotADirectoryError as exc:
+            raise self._not_a_dataset() from exc
         except IsADirectoryError as exc:
             raise DatasetError(f"{path} is a directory, not a dlfs index") from exc
 
     def put_file(self, name: str, path: Path) -> None:
         """Renamed into place: ``path`` is in this directory's filesystem (pack writes its index
         beside the shards)."""
-        with _writing(path):
+        with writing(path):
             if self.durable:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
                 try:

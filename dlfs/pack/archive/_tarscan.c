@@ -129,7 +129,8 @@ static int member(const uint8_t *header, const uint8_t *prefix, int64_t prefix_l
     if (uid >> 32 || gid >> 32 || mtime > INT64_MAX / NS_PER_S)
         return 0;
     size_t name_length = field_length(header, 100);
-    size_t ustar_prefix = field_length(header + 345, 155);
+    /* Only a POSIX header has a name prefix; GNU's keeps atime, ctime and more there (tar.py). */
+    size_t ustar_prefix = memcmp(header + 257, "ustar", 6) ? 0 : field_length(header + 345, 155);
     if (name_length == 0 || header[name_length - 1] == '/')
         return 0; /* a folder by tar's old convention, or a name to look at closer */
     if ((ustar_prefix ? header[345] : header[0]) == '/')

@@ -31,7 +31,8 @@ from tqdm import tqdm
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.core.store import StoreOptions
-from dlfs.core.store.s3 import Location, S3Store, is_s3
+from dlfs.core.store.s3.location import Location, is_s3
+from dlfs.core.store.s3.store import S3Store
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
@@ -133,25 +134,25 @@ class _Checksums:
     def add_file(self, member: Member, data: BinaryIO) -> None:
         if not member.contiguous:
             raise PackError(
-                f"{members.show(member.path)} in {self.tar.name} is a GNU sparse file, whose bytes do not "
-                f"lie in the tar as they read; {INSTEAD}"
+                f"{members.show(member.path)} in {self.tar.name} is compressed, so its bytes do not lie "
+                f"in the archive as they read; {INSTEAD}"
             )
         digest = self._checksum(member)
-        shard, offset = self.windows.place(self.number, member.offset, member.size)
-        payload = Payload(b"", 0, member.size, digest)
-        self.ledger.add(member, payload, shard, offset, member.size)
+        shard, offset = self.windows.place(self.number, member.offset, member.stored)
+        payload = Payload(b"", 0 if member.sparse is None else fmt.FLAG_SPARSE, member.size, digest)
+        self.ledger.add(member, payload, shard, offset, member.stored)
         self.summary.source_bytes += member.size
         advance(self.bar, self.ledger, self.started, member.size)
 
     def _checksum(self, member: Member) -> int:
-        """The checksum of a member's bytes, read from where they lie in the tar (the pass then
-        seeks past them: ``streams.Source.skip``), hashed without a copy."""
+        """The checksum of a member's stored bytes (a sparse file's runs), read from where they lie
+        in the tar (the pass then seeks past them: ``streams.Source.skip``), hashed without a copy."""
         hasher = xxhash.xxh3_64()
         got = 0
-        for piece in self.tar.pieces(member.offset, member.size):
+        for piece in self.tar.pieces(member.offset, member.stored):
             hasher.update(piece)
             got += len(piece)
-        if got < member.size:
+        if got < member.stored:
             raise PackError(
                 f"{self.tar.name} is cut short inside {members.show(member.path)}; download it again"
             )

@@ -60,6 +60,9 @@ class Folder:
     mtime_ns: int
     #: A member named it (else its attributes are the root's defaults).
     named: bool = False
+    #: The number the next member had when a folder member last named it (-1: none did), which
+    #: ``rows`` weighs against a file or symlink at the same path.
+    named_at: int = -1
 
 
 class Ledger:
@@ -76,7 +79,12 @@ class Ledger:
         self.folder_ids: dict[bytes, int] = {b"": fmt.ROOT_ROW}
         #: Every symlink member's path, added as it arrives.
         self.symlinks: set[bytes] = set()
+        #: A GNU sparse member's runs of data, by member number.
+        self.sparse: dict[int, tuple[tuple[int, int], ...]] = {}
         self.count = 0
+        #: Members admitted that are not folders: the number the next one will have once every
+        #: member handed on is recorded (a writer records them in batches, later).
+        self.arrived = 0
         self._rows = {name: array(code) for name, code in LEDGER_COLUMNS.items()}
         self._names, self._names_length = bytearray(), 0
         self._links, self._links_length = bytearray(), 0
@@ -90,7 +98,7 @@ class Ledger:
         """Record a folder member: the last one named for a path gives its attributes."""
         folder = self.folders[self._folder(member.path)]
         folder.mode, folder.uid, folder.gid = member.mode, member.uid, member.gid
-        folder.mtime_ns, folder.named = member.mtime_ns, True
+        folder.mtime_ns, folder.named, folder.named_at = member.mtime_ns, True, self.arrived
 
     def add(
         self, member: Member, payload: Payload | None = None, shard: int = 0, offset: int = 0, stored: int = 0
@@ -119,6 +127,8 @@ class Ledger:
         rows["stored"].append(stored)
         rows["checksum"].append(payload.checksum if payload else 0)
         rows["flags"].append(payload.flags if payload else 0)
+        if member.sparse is not None:
+            self.sparse[self.count] = member.sparse
         self.count += 1
         if len(rows["parent"]) >= FLUSH_ROWS:
             self.flush()
@@ -152,6 +162,7 @@ class Ledger:
         for name, code in LEDGER_COLUMNS.items():
             self._rows[name].frombytes(np.asarray(values[name], dtype=code).tobytes())
         self.count += count
+        self.arrived += count
         if len(self._rows["parent"]) >= FLUSH_ROWS:
             self.flush()
 
@@ -170,6 +181,7 @@ class Ledger:
         except Refused as exc:
             fail_or_skip(str(exc), options, summary, member.path)
             return False
+        self.arrived += member.kind != stat.S_IFDIR
         return True
 
     def check_path(self, path: bytes) -> None:

@@ -2,11 +2,13 @@
 entries by name bytes, exactly as the directory walk numbers a tree (``walk.Tree``).
 
 Hard links are resolved first: each takes the bytes and attributes of the member its target named
-when it arrived (as ``tar x`` links to the file extracted so far). Then each folder's members are
-read from the ledger, sorted and settled: of several members at one path the last wins, as with
-``tar x``; a path that is a folder stays one, and a file or symlink member at it is refused. The
-folder being sorted is the only one whose names are in memory (~200 bytes an entry), plus about 20
-bytes a member for the grouping of members by folder.
+when it arrived (as ``tar x`` links to the file extracted so far), and the rows that end up with
+one member's bytes share its inode (``Tree.hard_links``). Then each folder's members are read from
+the ledger, sorted and settled: of several members at one path the last wins, whatever their types,
+as with ``tar x``; a folder counts as arriving with the last member named at or below it, and one
+that loses to a file or symlink takes its subtree with it. The folder being sorted is the only one
+whose names are in memory (~200 bytes an entry), plus about 20 bytes a member for the grouping of
+members by folder.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ log = logging.getLogger(__name__)
 
 #: Rows whose payloads are placed at a time.
 PLACE_CHUNK = 1 << 16
-#: What a hard link takes from its target: everything but its own name, folder and link number.
-TAKEN = [name for name in LEDGER_COLUMNS if name not in ("parent", "name_end", "link")]
+#: What a hard link takes from its target: everything but its own name and folder (a symlink's
+#: target too: a hard link to a symlink is a symlink).
+TAKEN = [name for name in LEDGER_COLUMNS if name not in ("parent", "name_end")]
 
 
 class _Groups:
@@ -61,7 +64,8 @@ def layout(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSumm
     """The tree, and the member each of its files (``tree.files``) came from."""
     ledger.flush()
     groups = _Groups(ledger)
-    _resolve_hard_links(ledger, groups, options, summary)
+    sources = _resolve_hard_links(ledger, groups, options, summary)
+    linked = set(sources.values())
     tree = Tree(spill)
     file_members = spill.column("file-members", np.int64)
     root = ledger.folders[fmt.ROOT_ROW]
@@ -73,7 +77,7 @@ def layout(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSumm
     while queue:
         folder, row, path = queue.popleft()
         directory = tree.dirs[row] = Directory(path, len(tree))
-        entries = _entries(ledger, groups, folder, children[folder], path, options, summary)
+        entries = _entries(ledger, groups, folder, children, path, options, summary)
         picked = np.array([entry for _, entry in entries if entry >= 0], dtype=np.int64)
         modes = ledger.columns["mode"].gather(picked)
         uids, gids, sizes, mtimes = (
@@ -95,6 +99,11 @@ def layout(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSumm
                 tree.add_link(added, next(targets))
             else:
                 files.append(entry)
+                origin = sources.get(entry, entry)
+                if origin in linked:
+                    tree.hard_links.setdefault(origin, []).append(added)
+                if origin in ledger.sparse:
+                    tree.sparse[added] = ledger.sparse[origin]
             k += 1
         directory.count = len(tree) - directory.first
         file_members.extend(np.array(files, dtype=np.int64))
@@ -106,35 +115,65 @@ def _entries(
     ledger: Ledger,
     groups: _Groups,
     folder: int,
-    subfolders: list[int],
+    children: list[list[int]],
     path: bytes,
     options: PackOptions,
     summary: PackSummary,
 ) -> list[tuple[bytes, int]]:
-    """A folder's entries sorted by name: (name, member number), or (name, -1 - folder number)."""
+    """A folder's entries sorted by name: (name, member number), or (name, -1 - folder number). Of
+    members at one name the last to arrive wins, and so does a folder against a member that
+    arrived before everything named at or below it (``_last_arrival``). Under ``--map`` a folder
+    and a file at one path are refused instead: a map is strict where ``tar x`` is lenient
+    (``path_map``), since a map that places members below a file is the likelier mistake."""
     members = groups.members(folder)
     members = members[ledger.columns["mode"].gather(members) != 0]
     by_name: dict[bytes, int] = {}
     for name, member in zip(ledger.name_of(members), members.tolist(), strict=True):
         if name in by_name:
-            log.warning(
-                "%s is in the archive more than once; the last one is kept, as tar x keeps it",
-                show(_join(path, name)),
-            )
-            summary.duplicates += 1
+            _replaced(_join(path, name), summary)
         by_name[name] = member
-    for number in subfolders:
+    for number in children[folder]:
         name = ledger.folders[number].name
-        if name in by_name:
+        if name in by_name and options.path_map is not None:
             del by_name[name]
             fail_or_skip(
-                f"{show(_join(path, name))} is both a folder and a file or symlink in the archive",
+                f"{show(_join(path, name))} is both a folder and a file or symlink once --map places them",
                 options,
                 summary,
                 _join(path, name),
             )
+        elif name in by_name:
+            member = by_name[name]
+            _replaced(_join(path, name), summary)
+            if _arrival(member) > _last_arrival(ledger, groups, children, number):
+                continue  # the file or symlink came later: the folder and all below it go
         by_name[name] = -1 - number
     return sorted(by_name.items())
+
+
+def _replaced(path: bytes, summary: PackSummary) -> None:
+    log.warning("%s is in the archive more than once; the last one is kept, as tar x keeps it", show(path))
+    summary.duplicates += 1
+
+
+def _arrival(member: int) -> int:
+    """When member number ``member`` arrived, on the clock ``_last_arrival`` reads: a folder
+    member named when ``n`` members had arrived came at ``2 n``, between members ``n - 1`` and
+    ``n``."""
+    return 2 * member + 1
+
+
+def _last_arrival(ledger: Ledger, groups: _Groups, children: list[list[int]], folder: int) -> int:
+    """When a folder last arrived (``_arrival``'s clock): with the last member named at or below it."""
+    last, stack = -1, [folder]
+    while stack:
+        number = stack.pop()
+        named = ledger.folders[number].named_at
+        last = max(
+            last, 2 * named if named >= 0 else -1, _arrival(int(groups.members(number).max(initial=-1)))
+        )
+        stack.extend(children[number])
+    return last
 
 
 def _join(path: bytes, name: bytes) -> bytes:
@@ -149,9 +188,12 @@ def _folder_path(folders: list[Folder], number: int) -> bytes:
     return b"/".join(reversed(parts))
 
 
-def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, summary: PackSummary) -> None:
-    """Give every hard link its target's bytes and attributes; refuse one whose target the archive
-    did not hold as a file before it."""
+def _resolve_hard_links(
+    ledger: Ledger, groups: _Groups, options: PackOptions, summary: PackSummary
+) -> dict[int, int]:
+    """Give every hard link the bytes and attributes of the member its target named when it
+    arrived (a hard link in its turn: that one's own); refuse one whose target the archive did not
+    hold as a file or symlink before it. Returns each link's source member."""
     mode = ledger.columns["mode"]
     found = [
         start + np.flatnonzero((mode.read(start, stop) & fmt.TYPE_MASK) == HARDLINK)
@@ -159,7 +201,7 @@ def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, s
     ]
     links = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
     if not len(links):
-        return
+        return {}
     parsed = []
     wanted: dict[int, set[bytes]] = {}
     for member, target in zip(
@@ -176,16 +218,15 @@ def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, s
         for name, member in zip(ledger.name_of(members), members.tolist(), strict=True):
             if name in names:
                 candidates.setdefault((folder, name), []).append(member)
+    is_link = set(links.tolist())
     sources: dict[int, int] = {}
-    kinds = dict(zip(links.tolist(), [HARDLINK] * len(links), strict=True))
     for member, target, folder, name in parsed:
-        earlier = [c for c in candidates.get((folder, name), []) if c < member] if folder is not None else []
+        earlier = [c for c in candidates.get((folder, name), []) if c < member]
         source = earlier[-1] if earlier else None
-        if source is not None and source in kinds:  # a hard link in its turn: its own source, if it had one
-            source = sources.get(source)
-        if source is not None and source not in kinds:
-            kinds[source] = int(mode.gather(np.array([source]))[0]) & fmt.TYPE_MASK
-        if source is None or kinds[source] != stat.S_IFREG:
+        if source in is_link:
+            source = sources.get(source)  # None: that link had no source either
+        kind = None if source is None else int(mode.gather(np.array([source]))[0]) & fmt.TYPE_MASK
+        if kind not in (stat.S_IFREG, stat.S_IFLNK):
             mine = _join(
                 _folder_path(ledger.folders, int(ledger.columns["parent"].gather(np.array([member]))[0])),
                 ledger.name_of(np.array([member]))[0],
@@ -199,6 +240,7 @@ def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, s
             )
             mode.scatter(np.array([member]), np.zeros(1, dtype=np.uint16))
             continue
+        assert source is not None
         sources[member] = source
     if sources:
         to, source_rows = (
@@ -207,3 +249,4 @@ def _resolve_hard_links(ledger: Ledger, groups: _Groups, options: PackOptions, s
         )
         for name in TAKEN:
             ledger.columns[name].scatter(to, ledger.columns[name].gather(source_rows))
+    return sources

@@ -23,6 +23,7 @@ import xxhash
 from tqdm import tqdm
 
 from dlfs.core import format as fmt
+from dlfs.core.errors import DlfsError, InternalError
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
@@ -33,7 +34,15 @@ from dlfs.pack.archive.tarscan import FileRun, ReadAt, TarScanner
 from dlfs.pack.archive.zip import zip_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PROGRESS_EVERY, PackOptions, PackSummary, fail_or_skip, progress_bar, show_files
-from dlfs.pack.pipeline import BATCH_BYTES, BATCH_FILES, MAX_INFLIGHT_BYTES, STREAM_CHUNK, Payload, encode
+from dlfs.pack.pipeline import (
+    BATCH_BYTES,
+    BATCH_FILES,
+    MAX_INFLIGHT_BYTES,
+    STREAM_CHUNK,
+    Payload,
+    encode,
+    sparse_payload,
+)
 from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
 from dlfs.pack.walk import Tree
@@ -41,13 +50,22 @@ from dlfs.pack.writers import InOrderShards
 
 #: A member with its bytes (None: a folder, symlink or hard link), as a batch hands it to the pool.
 Item = tuple[Member, bytes | None]
+#: What a pool task encodes of a member: its bytes (None: nothing to store), and a sparse file's
+#: size (None for any other file).
+Encoding = tuple[bytes | None, int | None]
 
 
-def _encode_batch(
-    items: list[bytes | None], compress: bool, transform: Transform | None
-) -> list[Payload | None]:
-    """Encode a batch of members' bytes in one pool task (in a worker process with a transform)."""
-    return [None if data is None else encode(data, compress, transform) for data in items]
+def _encode_batch(items: list[Encoding], compress: bool, transform: Transform | None) -> list[Payload | None]:
+    """Encode a batch of members' bytes in one pool task (in a worker process with a transform); a
+    sparse file's runs are stored as they are."""
+    return [
+        None
+        if data is None
+        else encode(data, compress, transform)
+        if size is None
+        else sparse_payload(data, size)
+        for data, size in items
+    ]
 
 
 def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int, count: int = 1) -> None:
@@ -152,21 +170,31 @@ class Archive:
     def _record(
         self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes
     ) -> None:
+        """``record``'s pass; a failure that is neither the archive's nor the user's is a bug,
+        reported with where in the archive it happened."""
         iterator = self._members(options, prefix, sink.scanner)
-        while True:
+        at = 0
+        try:
+            while True:
+                with reading(self.name, self.kind):
+                    item = next(iterator, None)
+                if item is None:
+                    break
+                if isinstance(item, FileRun):
+                    at = int(item.offsets[0])
+                    run = _beside_symlinks(item, ledger, options, summary)
+                    if len(run):
+                        sink.add_run(run)
+                    continue
+                at = item[0].offset
+                record_member(ledger, sink, *item, options, summary)
+            sink.finish_pending()
             with reading(self.name, self.kind):
-                item = next(iterator, None)
-            if item is None:
-                break
-            if isinstance(item, FileRun):
-                run = _beside_symlinks(item, ledger, options, summary)
-                if len(run):
-                    sink.add_run(run)
-                continue
-            record_member(ledger, sink, *item, options, summary)
-        sink.finish_pending()
-        with reading(self.name, self.kind):
-            self.stream.drain()
+                self.stream.drain()
+        except (DlfsError, InternalError):
+            raise
+        except Exception as exc:
+            raise InternalError(f"internal error while reading {self.name} near offset {at:,}") from exc
 
 
 def _beside_symlinks(run: FileRun, ledger: Ledger, options: PackOptions, summary: PackSummary) -> FileRun:
@@ -265,12 +293,12 @@ class _Writer:
 
     def add_file(self, member: Member, data: BinaryIO) -> None:
         self.summary.source_bytes += member.size
-        if member.size > fmt.WHOLE_PAYLOAD_LIMIT:
+        if member.stored > fmt.WHOLE_PAYLOAD_LIMIT:
             self.finish_pending()
             self._stream(member, data)
             return
         with reading(self.name, self.kind):
-            content = checked_read(data, member.size, members.show(member.path), self.name)
+            content = checked_read(data, member.stored, members.show(member.path), self.name)
         self.add(member, content)
 
     def add(self, member: Member, data: bytes | None) -> None:
@@ -283,9 +311,8 @@ class _Writer:
         if not self.batch:
             return
         items, self.batch = self.batch, []
-        future = self.pool.submit(
-            _encode_batch, [data for _, data in items], self.options.compress, self.options.transform
-        )
+        encodings = [(data, None if member.sparse is None else member.size) for member, data in items]
+        future = self.pool.submit(_encode_batch, encodings, self.options.compress, self.options.transform)
         self.window.append(([member for member, _ in items], future, self.batch_bytes))
         self.inflight += self.batch_bytes
         self.batch_bytes = 0
@@ -327,9 +354,9 @@ class _Writer:
 
     def _stream(self, member: Member, data: BinaryIO) -> None:
         """Copy a large member into its shard chunk by chunk, hashing as it goes."""
-        shard, offset = self.shards.place(member.size)
+        shard, offset = self.shards.place(member.stored)
         hasher = xxhash.xxh3_64()
-        left = member.size
+        left = member.stored
         while left:
             with reading(self.name, self.kind):
                 chunk = data.read(min(left, STREAM_CHUNK))
@@ -338,7 +365,9 @@ class _Writer:
             hasher.update(chunk)
             self.shards.write(chunk)
             left -= len(chunk)
-        self._record(member, Payload(b"", 0, member.size, hasher.intdigest()), shard, offset, member.size)
+        flags = 0 if member.sparse is None else fmt.FLAG_SPARSE
+        payload = Payload(b"", flags, member.size, hasher.intdigest())
+        self._record(member, payload, shard, offset, member.stored)
 
     def _record(self, member: Member, payload: Payload, shard: int, offset: int, stored: int) -> None:
         self.ledger.add(member, payload, shard, offset, stored)

@@ -32,10 +32,9 @@ except ImportError:
     igzip = isal_zlib = None  # type: ignore[assignment]
 
 from dlfs.core.errors import PackError
+from dlfs.core.sniff import SNIFF, sniff
 from dlfs.pack.interruption import block_in_thread
 
-#: Bytes sniffed: a tar header's magic sits at 257.
-SNIFF = 512
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
 #: Most bytes ``Source`` asks its stream for at once: a count from a damaged header (a pax record's
@@ -45,26 +44,15 @@ READ_MAX = 64 << 20
 SKIPPING_AHEAD = 16 << 10
 #: Chunks read ahead of the pack (``ReadAhead``).
 AHEAD = 16
-#: Kinds by their first bytes.
-MAGIC = {
-    b"\x1f\x8b": "gzip",
-    b"BZh": "bzip2",
-    b"\xfd7zXZ\x00": "xz",
-    b"\x28\xb5\x2f\xfd": "zstd",
-    b"PK\x03\x04": "zip",
-    b"PK\x05\x06": "zip",
-}
-#: What a decompressor or a reader raises on bytes that are not what they claim.
-CORRUPT = (
-    OSError,
+#: What a decompressor or an archive reader raises on bytes that are not what they claim. An
+#: ``OSError`` without an errno is one too (``gzip.BadGzipFile``, bz2's "Invalid data stream");
+#: with one, it is the disk's. Anything else is a bug, not damage (``reading``).
+DAMAGE = (
     EOFError,
     zlib.error,
     lzma.LZMAError,
     tarfile.TarError,
     zipfile.BadZipFile,
-    ValueError,
-    UnicodeError,
-    OverflowError,
     *((zstandard.ZstdError,) if zstandard is not None else ()),
     *((isal_zlib.error,) if isal_zlib is not None else ()),
 )
@@ -247,25 +235,6 @@ def _read_exactly(stream: BinaryIO, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def sniff(head: bytes) -> str:
-    """The kind of an archive from its first bytes: one of MAGIC's, or ``tar``; "" if neither."""
-    for magic, kind in MAGIC.items():
-        if head.startswith(magic):
-            return kind
-    if len(head) >= SNIFF and (_is_tar_header(head[:SNIFF]) or not head[:SNIFF].strip(b"\0")):
-        return "tar"  # a header, or the end-of-archive marker of an empty tar
-    return ""
-
-
-def _is_tar_header(block: bytes) -> bool:
-    """A ustar, GNU or old (v7) header: its checksum field matches its bytes."""
-    try:
-        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-    except tarfile.HeaderError:
-        return False
-    return True
-
-
 def _decompressed(kind: str, raw: BinaryIO) -> BinaryIO:
     if kind == "gzip":
         return (igzip or gzip).GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
@@ -285,15 +254,24 @@ def _decompressed(kind: str, raw: BinaryIO) -> BinaryIO:
 
 @contextmanager
 def reading(source: str, kind: str) -> Iterator[None]:
-    """Turn a failure to read or decode the source into one line that says what to do."""
+    """Turn a failure to read or decode the source into one line that says what to do: damage
+    (``DAMAGE``: fetch the archive again), or the disk's own error. Anything else passes on: a
+    bug, whose message must not blame the archive."""
     try:
         yield
-    except CORRUPT as exc:
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-        raise PackError(
-            f"cannot read {source} as {kind}: {detail}; the archive is damaged or cut short "
-            "(download it again)"
-        ) from None
+    except OSError as exc:
+        if exc.errno is not None:
+            raise PackError(f"cannot read {source}: {exc.strerror}; check the disk or the file") from None
+        raise _damaged(source, kind, exc) from None
+    except DAMAGE as exc:
+        raise _damaged(source, kind, exc) from None
+
+
+def _damaged(source: str, kind: str, exc: BaseException) -> PackError:
+    return PackError(
+        f"cannot read {source} as {kind}: {exc or type(exc).__name__}; the archive is damaged or cut short "
+        "(download it again)"
+    )
 
 
 class ArchiveStream:
@@ -332,6 +310,9 @@ class ArchiveStream:
                         "save it to a file and pack that"
                     )
                 self.kind = "zip"
+                return
+            if not compression and self.file is not None and zipfile.is_zipfile(self.file):
+                self.kind = "zip"  # found by its directory at the end: data before it (a self-extractor)
                 return
             if not compression:
                 raise PackError(

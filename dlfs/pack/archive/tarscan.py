@@ -155,13 +155,9 @@ class TarScanner:
         """The run of members from the header at offset ``at`` (the tar's bytes end at ``end``),
         their paths under ``prefix``, tars among them left to the Python reader where ``expand``;
         and the offset of the first header it leaves. None where it takes no member."""
-        for _ in range(2):
-            count = self._scan(
-                self._buffer, self.start, self.filled, at, end, prefix, len(prefix), expand, self.checksum,
-                fmt.NAME_MAX, ROOM, PATHS_ROOM, *self._outputs,
-            )  # fmt: skip
-            if count or self.stop[0] != STOP_BUFFER or not self._fill(at):
-                break
+        count = self._scan_held(at, end, prefix, expand)
+        if not count and self.stop[0] == STOP_BUFFER and self._fill(at):
+            count = self._scan_held(at, end, prefix, expand)  # the member did not fit: it takes Python's
         if not count:
             return None, at
         offsets, sizes, mtimes, modes, uids, gids, checksums, ends, names, new_folder = (
@@ -175,11 +171,22 @@ class TarScanner:
         )  # fmt: skip
         return run, int(self.next[0])
 
+    def _scan_held(self, at: int, end: int, prefix: bytes, expand: bool) -> int:
+        """The C loop over the bytes held, from the header at ``at``: how many members it took."""
+        count: int = self._scan(
+            self._buffer, self.start, self.filled, at, end, prefix, len(prefix), expand, self.checksum,
+            fmt.NAME_MAX, ROOM, PATHS_ROOM, *self._outputs,
+        )  # fmt: skip
+        return count
+
     def _fill(self, at: int) -> bool:
-        """Hold the tar's bytes from ``at`` on: those already held, then the next BUFFER of them
-        (read ahead where they follow on); start reading the BUFFER after. Whether any came."""
+        """Hold the tar's bytes from ``at`` on: those already held (where they fit below the upper
+        half of an array; else they are read again), then the next BUFFER of them (read ahead
+        where they follow on); start reading the BUFFER after. Whether any came."""
         held_end = self.start + self.filled
         keep = held_end - at if self.start <= at < held_end else 0
+        if keep > BUFFER:
+            keep = 0
         offset = at + keep
         array, got = self._read(offset)
         tail = self.base + at - self.start

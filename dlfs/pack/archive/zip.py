@@ -73,8 +73,9 @@ def zip_members(
                 yield member, None
             elif folder is not None:
                 yield members.folder_of(member, folder), None
+                label = f"{name}: {info.filename}"
                 yield from tar_members(
-                    Source(data), f"{name}: {info.filename}", True, folder, member.offset, member.contiguous
+                    Source(data), label, True, folder, member.offset, member.contiguous, nested=True
                 )
             else:
                 yield member, data
@@ -114,7 +115,11 @@ def _member(info: zipfile.ZipInfo, file: BinaryIO, uid: int, gid: int) -> Member
     member = Member(
         b"",
         kind,
-        members.permissions(mode) if mode & 0o7777 else default,
+        members.SYMLINK_MODE
+        if kind == stat.S_IFLNK
+        else members.permissions(mode)
+        if mode & 0o7777
+        else default,
         uid,
         gid,
         members.mtime_ns(_mtime(info)),
