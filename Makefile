@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-system wheels node-bundle test soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-archive bench-node bench-report clean
+.PHONY: install install-system wheels node-bundle test test-all soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-archive bench-node bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -62,9 +62,16 @@ $(CODECS): | $(STAMP)
 		--disable-pip-version-check --no-deps --target $(VENV)/dlfs-codecs 'pillow-simd==12.1.1.post0'
 
 # The suite runs where only loopback is up (tools/loopback-only): no test can reach past this machine.
+# make test leaves the sweeps and scale runs (the slow marker) to make test-all, and names its 20
+# slowest tests.
+PYTEST := AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
 test: install
 	$(BIN)/ruff check dlfs tests tools
-	AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
+	$(PYTEST) -m "not slow" --durations=20
+
+test-all: install node-bundle
+	$(BIN)/ruff check dlfs tests tools
+	$(PYTEST) --durations=20
 
 # The soak test for 10 minutes instead of make test's 60 s (tests/fuse/test_soak.py): 64 readers on one
 # mount; prints files and bytes verified, read latency p50/p99/p99.9, peak RSS, descriptors, threads.
