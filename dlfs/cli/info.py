@@ -21,6 +21,7 @@ def _listed(leftovers: list[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dlfs.core import archive_meta
     from dlfs.core import format as fmt
     from dlfs.core.errors import DatasetError, DlfsError
     from dlfs.pack.destination import leftovers_at
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         "dlfs_version": index.meta.get("dlfs_version"),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", created),
         "transform": index.transform or "none",
-        "archives": [fmt.archive_location(archive) for archive in index.archives],
+        "archives": [archive_meta.archive_location(archive) for archive in index.archives],
         "build": index.meta.get("build", {}),
         "leftovers": leftovers_at(args.dataset, store_options(args), index.dataset_id).names(),
     }

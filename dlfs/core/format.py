@@ -30,7 +30,7 @@ The index is written last and renamed into place, so a dataset without an index 
 
 An in-place dataset (``dlfs pack --in-place``) has no shard files: its metadata lists the tar files
 it was indexed from (``archives``: absolute path, size, mtime; or, for objects in S3, URL, size,
-ETag) and its shards are windows of them
+ETag; ``archive_meta``) and its shards are windows of them
 (``windows``: archive number and base offset, one per shard entry, named
 ``<dataset-id>.<NNNNN>.window``). A row's ``offset`` is relative to its window's base, so the
 32-bit column addresses archives of any size; a window holds no header, and the archive's identity
@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import re
 import struct
 import uuid
 from collections.abc import Iterable, Mapping
@@ -53,6 +51,8 @@ import lz4.block
 import numpy as np
 import xxhash
 
+from dlfs.core import archive_meta
+from dlfs.core.archive_meta import is_int
 from dlfs.core.errors import DatasetError, IntegrityError, ShardError
 
 INDEX_NAME = "index.dlfs"
@@ -70,10 +70,6 @@ INDEX_HEADER = struct.Struct("<8sIIQQQ")
 SHARD_HEADER = struct.Struct("<8sII16s")
 SHARD_SUFFIX = ".shard"
 WINDOW_SUFFIX = ".window"
-#: Longest archive path an in-place index may name, in bytes (Linux's PATH_MAX less its NUL).
-ARCHIVE_PATH_MAX = 4095
-#: Longest S3 object key, in bytes of UTF-8 (S3's own limit).
-S3_KEY_MAX = 1024
 
 FLAG_LZ4 = 1
 #: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
@@ -351,10 +347,6 @@ def decode_index(buf: memoryview, source: str) -> DecodedIndex:
     return DecodedIndex(meta=meta, arrays=arrays, version=version)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _check_meta(meta: object, source: str) -> None:
     """The metadata fields a reader uses have the types and values ``dlfs pack`` writes.
 
@@ -376,117 +368,24 @@ def _check_meta(meta: object, source: str) -> None:
     in_place = "archives" in meta or "windows" in meta
     named, smallest = (window_name, 0) if in_place else (shard_name, HEADER_SIZE)
     for number, entry in enumerate(shards):
-        if not (isinstance(entry, list) and len(entry) == 2 and _is_int(entry[1])):
+        if not (isinstance(entry, list) and len(entry) == 2 and is_int(entry[1])):
             raise invalid_index(source, f"shard entry {number} is malformed")
         name, size = entry
         if name != named(dataset_id, number):
             raise invalid_index(source, f"shard entry {number} is not named {named(dataset_id, number)}")
         if not smallest <= size < 1 << 63:
             raise invalid_index(source, f"shard {name} has an impossible size {size}")
-    if in_place:
-        _check_windows(meta, source)
+    problem = archive_meta.problem(meta) if in_place else ""
+    if problem:
+        raise invalid_index(source, problem)
     for key, valid in _OPTIONAL_META.items():
         if key in meta and not valid(meta[key]):
             raise invalid_index(source, f"metadata field {key} is malformed")
 
 
-def is_archive_path(path: object) -> bool:
-    """An archive path an in-place index may name: absolute and normalised (no ``.``, ``..``,
-    empty or doubled components, no trailing slash), without NUL, at most ``ARCHIVE_PATH_MAX``
-    bytes. That it names a regular file is checked when it is opened (``store.archives``)."""
-    if not isinstance(path, str) or not path.startswith("/") or path.startswith("//"):
-        return False
-    try:
-        raw = os.fsencode(path)
-    except UnicodeEncodeError:
-        return False
-    return b"\0" not in raw and len(raw) <= ARCHIVE_PATH_MAX and os.path.normpath(path) == path
-
-
-def is_s3_archive_url(url: object) -> bool:
-    """An S3 archive an in-place index may name: ``s3://BUCKET/KEY`` with a bucket name S3 allows
-    and a key of at most ``S3_KEY_MAX`` bytes, without NUL, empty, ``.`` or ``..`` components
-    (``s3://b/a/../x`` would be ``x`` to some clients and not to others)."""
-    if not isinstance(url, str) or not url.startswith(S3_SCHEME):
-        return False
-    bucket, _, key = url[len(S3_SCHEME) :].partition("/")
-    parts = key.split("/")
-    return (
-        _S3_BUCKET.fullmatch(bucket) is not None
-        and 0 < len(key.encode("utf-8", "surrogatepass")) <= S3_KEY_MAX
-        and "\0" not in key
-        and all(part not in ("", ".", "..") for part in parts)
-    )
-
-
-def archive_location(archive: dict[str, Any]) -> str:
-    """Where an in-place index's archive is: its path, or its ``s3://`` URL."""
-    return str(archive["url"] if "url" in archive else archive["path"])
-
-
-def _is_archive(archive: object) -> bool:
-    """An archive entry: a local file's identity (``ARCHIVE_KEYS``) or an S3 object's
-    (``S3_ARCHIVE_KEYS``)."""
-    if not (isinstance(archive, dict) and _is_int(archive.get("size")) and 0 <= archive["size"] < 1 << 63):
-        return False
-    if set(archive) == S3_ARCHIVE_KEYS:
-        etag = archive["etag"]
-        return (
-            is_s3_archive_url(archive["url"])
-            and isinstance(etag, str)
-            and 0 < len(etag) <= ETAG_MAX
-            and etag.isascii()
-            and etag.isprintable()
-        )
-    return (
-        set(archive) == ARCHIVE_KEYS
-        and is_archive_path(archive["path"])
-        and _is_int(archive["mtime_ns"])
-        and -(1 << 63) <= archive["mtime_ns"] < 1 << 63
-    )
-
-
-def _check_windows(meta: dict[str, Any], source: str) -> None:
-    """An in-place index's archives are identities, local (path, size, mtime) with paths that pass
-    ``is_archive_path`` or all in one S3 bucket (URL, size, ETag) with URLs that pass
-    ``is_s3_archive_url``, each named once; each shard entry has a window (archive number, base)
-    that lies inside its archive."""
-    archives, windows = meta.get("archives"), meta.get("windows")
-    if not isinstance(archives, list) or not isinstance(windows, list) or len(windows) != len(meta["shards"]):
-        raise invalid_index(source, "its archive and window tables do not match its shard list")
-    for number, archive in enumerate(archives):
-        if not _is_archive(archive):
-            raise invalid_index(source, f"archive entry {number} is malformed or names a path not allowed")
-    if len({archive_location(archive) for archive in archives}) != len(archives):
-        raise invalid_index(source, "it names an archive twice")
-    kinds = {archive_location(archive).split("/", 3)[2] if "url" in archive else "" for archive in archives}
-    if len(kinds) > 1:
-        raise invalid_index(source, "its archives are not all local files or all in one S3 bucket")
-    for number, (window, (_, size)) in enumerate(zip(windows, meta["shards"], strict=True)):
-        if not (isinstance(window, list) and len(window) == 2 and all(map(_is_int, window))):
-            raise invalid_index(source, f"window entry {number} is malformed")
-        archive, base = window
-        if not 0 <= archive < len(archives):
-            raise invalid_index(source, f"window entry {number} names no archive")
-        if not 0 <= base <= base + size <= archives[archive]["size"]:
-            raise invalid_index(source, f"window entry {number} lies outside its archive")
-
-
-#: The fields of an archive an in-place index depends on: where it is and what it was like when it
-#: was indexed (a file that differs in either is refused at mount).
-ARCHIVE_KEYS = frozenset({"path", "size", "mtime_ns"})
-#: The same of an object in S3: its ETag changes whenever it is written again, which its time and
-#: size need not. An older dlfs finds no ``path`` and refuses the index in one line.
-S3_ARCHIVE_KEYS = frozenset({"url", "size", "etag"})
-S3_SCHEME = "s3://"
-#: Longest ETag an index may record (S3's are 34 or so characters; a multipart one a few more).
-ETAG_MAX = 256
-#: A bucket name as S3 allows it (3-63 lowercase letters, digits, dots and hyphens).
-_S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
-
 #: Metadata that ``dlfs info`` and ``.dlfs/config`` show when present, and the type each must have.
 _OPTIONAL_META: dict[str, Any] = {
-    "created_ns": _is_int,
+    "created_ns": is_int,
     "dlfs_version": lambda value: isinstance(value, str),
     "build": lambda value: isinstance(value, dict),
     "transform": lambda value: (
@@ -506,7 +405,7 @@ def _section_table(table: object, meta_offset: int, version: int, source: str) -
     out: dict[str, tuple[int, int]] = {}
     for name, dtype in known.items():
         entry = table[name]
-        if not (isinstance(entry, list) and len(entry) == 2 and all(map(_is_int, entry))):
+        if not (isinstance(entry, list) and len(entry) == 2 and all(map(is_int, entry))):
             raise invalid_index(source, f"section {name} is malformed")
         offset, count = entry
         if offset < HEADER_SIZE or offset % ALIGN or count < 0:

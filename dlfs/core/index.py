@@ -9,34 +9,24 @@ checks find (``run_parent``, ``run_start``), which the C request threads search 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
 import stat
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from dlfs.core import archive_meta, validate
 from dlfs.core import format as fmt
-from dlfs.core import validate
-from dlfs.core.errors import DatasetError, ShardError
+from dlfs.core.errors import DatasetError
 from dlfs.core.hardlinks import HardLinks
+from dlfs.core.index_copy import local_copy
 from dlfs.core.libc import stat_blocks, trim_allocator
-from dlfs.core.sealed import sealed_copy
 from dlfs.core.sparse import SparseFiles
-from dlfs.core.store import Descriptors, Store, StoreOptions
-from dlfs.core.store.cached import CachedStore
-from dlfs.core.store.local import LocalStore
+from dlfs.core.store import Descriptors, Store
 
 log = logging.getLogger(__name__)
-
-#: Shard headers checked at once at mount (each a round trip on an object store).
-HEADER_READERS = 16
-COPY_SUFFIX = ".index.dlfs"
 
 
 class Attrs(NamedTuple):
@@ -121,11 +111,11 @@ class Index:
             buf = store.map_index(fmt.INDEX_NAME)
             decoded = fmt.decode_index(buf, source)
         else:
-            buf = _local_copy(store, copies, source)
+            buf = local_copy(store, copies, source)
             try:
                 decoded = fmt.decode_index(buf, source)
             except DatasetError:  # a damaged copy: fetch the store's again
-                buf = _local_copy(store, copies, source, refresh=True)
+                buf = local_copy(store, copies, source, refresh=True)
                 decoded = fmt.decode_index(buf, source)
         index = cls(decoded.meta, decoded.arrays, source, decoded.version)
         # The row checks' temporaries (tens of MB at 14.2 M rows) are free now, but the arrays kept
@@ -156,81 +146,13 @@ class Index:
         dataset: ``served in place from 2 tar(s): /data/a.tar, /data/b.tar``."""
         if not self.archives:
             return ""
-        paths = ", ".join(map(fmt.archive_location, self.archives))
+        paths = ", ".join(map(archive_meta.archive_location, self.archives))
         return f"served in place from {len(self.archives)} tar(s): {paths}"
-
-    def shard_store(
-        self, store: Store, random_access: bool = False, options: StoreOptions | None = None
-    ) -> Store:
-        """The store the files' bytes are read from, checked to hold this dataset's: ``store``,
-        with its shards checked (``check_shards``); or, for an in-place dataset, a store of its
-        archives, each checked to be the file or object indexed (``store.archives``,
-        ``store.s3.archives``; objects in S3 behind the disk tier of ``options.cache_dir``), which
-        the caller closes as well as ``store``, unless it is ``store`` itself: a disk tier that the
-        index was read through stands in front of the objects instead."""
-        options = options or StoreOptions()
-        if options.cache_dir and isinstance(store, LocalStore) and not self.archives_in_s3:
-            raise DatasetError(
-                f"--cache-dir keeps blocks of datasets in object storage; {store.url} is a local "
-                "directory, which the page cache already keeps"
-            )
-        if not self.archives:
-            self.check_shards(store)
-            return store
-        windows = [
-            (name, int(number), int(base), size)
-            for name, number, base, size in zip(
-                self.shard_names, self.shard_archive, self.shard_base, self.shard_sizes, strict=True
-            )
-        ]
-        if self.archives_in_s3:
-            from dlfs.core.store.s3.archives import S3ArchiveStore
-
-            objects: Store = S3ArchiveStore(self.archives, windows, options)
-            if isinstance(store, CachedStore):  # the index came through the tier: it serves the objects now
-                store.front(objects)
-                return store
-            if options.cache_dir:
-                return CachedStore(objects, options.cache_dir, options.cache_dir_size or None)
-            return objects
-        from dlfs.core.store.archives import ArchiveStore
-
-        root = getattr(store, "root", None)
-        if root is None:
-            raise ShardError(
-                f"{store.url} holds an in-place index of local tars, which only a local directory may hold"
-            )
-        owner = os.stat(Path(root) / fmt.INDEX_NAME).st_uid
-        return ArchiveStore(self.archives, windows, owner, random_access)
 
     @property
     def archives_in_s3(self) -> bool:
-        """An in-place dataset whose tars are objects in S3 (``format`` allows no mix)."""
+        """An in-place dataset whose tars are objects in S3 (``archive_meta`` allows no mix)."""
         return bool(self.archives) and "url" in self.archives[0]
-
-    def check_shards(self, store: Store) -> None:
-        """Refuse a dataset whose shards are missing, truncated or from another pack run.
-
-        The mount checks this once at start rather than failing file by file later: a half-present
-        dataset is almost always a copy that went wrong, and the user should hear about it at once.
-        """
-        sizes = store.sizes()  # one listing: an object store answers each lookup in a round trip
-        for name, expected in zip(self.shard_names, self.shard_sizes, strict=True):
-            actual = sizes.get(name)
-            if actual is None:
-                raise ShardError(f"shard {name} is missing from {store.url}; restore it or re-run dlfs pack")
-            if actual != expected:
-                raise ShardError(
-                    f"shard {name} in {store.url} has {actual} bytes, the index expects {expected}; "
-                    "restore it or re-run dlfs pack"
-                )
-
-        def check_header(number: int) -> None:
-            name = self.shard_names[number]
-            fmt.check_shard_header(store.read(name, 0, fmt.HEADER_SIZE), self.dataset_id, number, name)
-
-        with ThreadPoolExecutor(HEADER_READERS) as pool:  # each read a round trip on an object store
-            list(pool.map(check_header, range(len(self.shard_names))))
 
     def name(self, row: int) -> bytes:
         off = self.name_off
@@ -465,48 +387,6 @@ class Index:
         path = self.path(row).decode(errors="replace")
         shard = int(self.shard[row])
         if self.archives:
-            archive = fmt.archive_location(self.archives[int(self.shard_archive[shard])])
+            archive = archive_meta.archive_location(self.archives[int(self.shard_archive[shard])])
             return f"{path} (archive {archive}, offset {int(self.shard_base[shard]) + int(self.offset[row])})"
         return f"{path} (shard {self.shard_of(row)}, offset {int(self.offset[row])})"
-
-
-def stored_dataset_id(store: Store, any_version: bool = False) -> tuple[str, int]:
-    """The id of the dataset whose index ``store`` holds, and the index's length, from the index's
-    header and metadata alone: two small ranged reads, no checksum or row checks. ``any_version``:
-    of an index of another format version too (see ``format.index_header``)."""
-    source = f"{store.url}/{fmt.INDEX_NAME}"
-    size = store.size(fmt.INDEX_NAME)
-    if size is None:
-        raise DatasetError(f"{store.url} is not a dlfs dataset (no {fmt.INDEX_NAME}); run dlfs pack first")
-    _, meta_offset, meta_length, file_length = fmt.index_header(
-        store.read(fmt.INDEX_NAME, 0, fmt.HEADER_SIZE), source, any_version
-    )
-    if file_length != size:  # nothing below asks the store for more than it holds
-        raise DatasetError(
-            f"{source} is truncated or padded ({size} bytes, header says {file_length}); re-run dlfs pack"
-        )
-    try:
-        dataset_id = str(json.loads(store.read(fmt.INDEX_NAME, meta_offset, meta_length))["dataset_id"])
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise DatasetError(f"{source} is corrupt (unreadable meta); re-run dlfs pack") from exc
-    if not re.fullmatch(r"[0-9a-f]{1,64}", dataset_id):
-        raise DatasetError(f"{source} has a malformed dataset id; re-run dlfs pack")
-    return dataset_id, file_length
-
-
-def _local_copy(store: Store, copies: Path, source: str, refresh: bool = False) -> memoryview:
-    """The store's index from ``copies/<dataset id>.dlfs``, fetched first when missing, of another
-    length or (``refresh``) damaged. The dataset id comes from the index itself
-    (``stored_dataset_id``): a dataset packed again under the same name has a new id, so a stale
-    copy is never used."""
-    dataset_id, file_length = stored_dataset_id(store)
-    path = copies / f"{dataset_id}{COPY_SUFFIX}"
-    if refresh or not path.exists() or path.stat().st_size != file_length:
-        data = store.read(fmt.INDEX_NAME, 0, file_length)
-        copies.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
-        log.info("copied %s (%d bytes) to %s", source, len(data), path)
-    with open(path, "rb") as f:
-        return sealed_copy(f.fileno(), path.name)

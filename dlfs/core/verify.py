@@ -14,6 +14,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
+from dlfs.core.shard_store import shard_store
 from dlfs.core.store import StoreOptions, index_copies, open_store
 
 #: Runs handed to the pool at a time, so a million-file dataset does not queue a million futures.
@@ -100,7 +101,7 @@ def verify(
     store = open_store(location, options=options)
     try:
         index = Index.load(store, index_copies(options))
-        shards = index.shard_store(store, options=options)
+        shards = shard_store(index, store, options=options)
         if shards is not store:  # an in-place dataset's tars
             store.close()
             store = shards

@@ -25,6 +25,7 @@ from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
 from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS
+from dlfs.core.shard_store import shard_store
 from dlfs.core.store import Store, index_copies, is_s3, open_store
 from dlfs.fuse import server as native_server
 from dlfs.fuse.control import ControlTree
@@ -138,7 +139,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         log.info("index loaded in %.3f s: %d entries", time.monotonic() - started, index.count)
         if index.transform:
             log.info("transform %s: the mount serves the transformed bytes", index.transform)
-        shards = index.shard_store(store, random_access=True, options=options.store)
+        shards = shard_store(index, store, random_access=True, options=options.store)
         if shards is not store:  # an in-place dataset's tars
             resources.callback(shards.close)
             store = shards

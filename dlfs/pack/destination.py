@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
-from dlfs.core.index import stored_dataset_id
+from dlfs.core.index_copy import stored_dataset_id
 from dlfs.core.store import Store, StoreOptions, open_store
 from dlfs.core.store.local import LocalStore
 from dlfs.pack.options import PackOptions

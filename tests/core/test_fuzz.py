@@ -30,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_bad_index import load, reseal, with_meta
 
+from dlfs.core import archive_meta
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DatasetError, IntegrityError
@@ -134,7 +135,7 @@ def assert_windows_inside(index: Index) -> None:
     windows = zip(index.shard_archive, index.shard_base, strict=True) if index.archives else []
     for number, (archive, base) in enumerate(windows):
         owner = index.archives[int(archive)]
-        assert fmt.is_archive_path(owner["path"])
+        assert archive_meta.is_archive_path(owner["path"])
         assert 0 <= int(base) <= int(base) + index.shard_sizes[number] <= owner["size"]
 
 

@@ -22,6 +22,7 @@ from seaweed import SeaweedServer
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, PackError
 from dlfs.core.index import Index
+from dlfs.core.shard_store import shard_store
 from dlfs.core.store import StoreOptions, index_copies, open_store
 from dlfs.core.store.cached import BLOCK, CachedStore
 from dlfs.core.store.s3 import obstore_errors
@@ -299,7 +300,7 @@ def test_a_local_dataset_takes_no_cache_dir(packed: Path, tmp_path: Path) -> Non
     store = open_store(packed, options=options)
     try:
         with pytest.raises(DatasetError, match="object storage"):
-            Index.load(store).shard_store(store, options=options)
+            shard_store(Index.load(store), store, options=options)
     finally:
         store.close()
 

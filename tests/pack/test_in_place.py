@@ -28,6 +28,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
 from dlfs.core.index import Index
 from dlfs.core.reader import Reader
+from dlfs.core.shard_store import shard_store
 from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
@@ -282,7 +283,7 @@ def test_a_mutated_tar_indexes_in_place_soundly_or_is_refused_in_one_line(
         OUTCOMES["refused"] += 1
         return
     index = index_of(dst)
-    store = index.shard_store(LocalStore(dst))
+    store = shard_store(index, LocalStore(dst))
     try:
         assert_sound(index)
         reader = Reader(index, store, PayloadCache(1 << 20))

@@ -5,7 +5,7 @@ so a read of shard ``k`` at ``offset`` is a ``pread`` of its archive at ``base +
 readers take the archive's descriptor and add the base themselves (``Index.shard_base``).
 
 What a mount trusts. The index is input too, and it names files the daemon will open. So every path
-must be absolute and normalised (``format.is_archive_path``, checked at load), and here each is
+must be absolute and normalised (``archive_meta.is_archive_path``, checked at load), and here each is
 opened once, at mount, and refused unless it is a regular file with the size and mtime recorded when
 it was indexed. A path is first opened with ``O_PATH``, which opens nothing behind it (a device
 node's open is an action), and read only once it is known to be a regular file; every later
@@ -34,7 +34,7 @@ AGAIN = "re-run dlfs pack --in-place"
 
 
 def identity(path: str) -> dict[str, Any]:
-    """What an in-place index records of an archive (``format.ARCHIVE_KEYS``), as it is now."""
+    """What an in-place index records of an archive (``archive_meta.ARCHIVE_KEYS``), as it is now."""
     st = os.stat(path)
     return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 

@@ -47,8 +47,8 @@ class Positional(Protocol):
         fewer bytes where the tar ends."""
 
     def identity(self) -> dict[str, Any]:
-        """What an in-place index records of the tar as it is now (``format.ARCHIVE_KEYS`` or
-        ``format.S3_ARCHIVE_KEYS``)."""
+        """What an in-place index records of the tar as it is now (``archive_meta.ARCHIVE_KEYS`` or
+        ``archive_meta.S3_ARCHIVE_KEYS``)."""
 
     def owner(self) -> tuple[int, int, int, int]:
         """(mode, uid, gid, mtime in ns) of the tar, for the folder it becomes."""
