@@ -6,39 +6,44 @@ writer would, re-encodes it with a valid trailer and loads it.
 
 from __future__ import annotations
 
-import json
 import stat
 import struct
 import tarfile
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from crafted_index import (
+    HUGE,
+    ROW_B,
+    ROW_LINK,
+    ROW_X,
+    ROW_Y,
+    ROW_Z,
+    Arrays,
+    Meta,
+    both,
+    decode,
+    edit_sections,
+    links_blob,
+    load,
+    lz4_huge,
+    make_small_tree,
+    past_shard,
+    rename,
+    reseal,
+    same_bytes,
+    set_meta,
+    set_table,
+    set_value,
+    sparse_x,
+    with_meta,
+    wrapping,
+)
 
 from dlfs.core import format as fmt
-from dlfs.core import validate
 from dlfs.core.errors import DatasetError
-from dlfs.core.index import Index
 from dlfs.pack import PackOptions, pack
-
-Arrays = dict[str, np.ndarray]
-Meta = dict[str, Any]
-
-
-def make_small_tree(root: Path) -> Path:
-    """Rows in the index: 0 root, 1 a/, 2 b.txt, 3 c/, 4 link, 5 a/x, 6 a/y, 7 c/z."""
-    (root / "a").mkdir(parents=True)
-    (root / "c").mkdir()
-    (root / "b.txt").write_bytes(b"bee\n" * 50)
-    (root / "a" / "x").write_bytes(b"x" * 3000)
-    (root / "a" / "y").write_bytes(bytes(range(256)))
-    (root / "c" / "z").write_bytes(b"")
-    (root / "link").symlink_to("a/x")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -49,185 +54,60 @@ def valid(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (work / "dst" / fmt.INDEX_NAME).read_bytes()
 
 
-def load(raw: bytes) -> Index:
-    """What ``Index.load`` does with the bytes of an index file, without a store."""
-    decoded = fmt.decode_index(memoryview(raw), "crafted/index.dlfs")
-    return Index(decoded.meta, decoded.arrays, "crafted/index.dlfs")
-
-
-def decode(raw: bytes) -> tuple[Arrays, Meta]:
-    """Writable copies of an index's columns, and its metadata without the section table."""
-    decoded = fmt.decode_index(memoryview(raw), "valid")
-    meta = {key: value for key, value in decoded.meta.items() if key != "sections"}
-    return {name: column.copy() for name, column in decoded.arrays.items()}, meta
-
-
-def renamed(arrays: Arrays, names: dict[int, bytes]) -> None:
-    """Give rows new names, rebuilding the names blob and offsets."""
-    off, blob = arrays["name_off"], arrays["names"].tobytes()
-    parts = [names.get(row, blob[off[row] : off[row + 1]]) for row in range(off.size - 1)]
-    arrays["name_off"] = np.concatenate(([0], np.cumsum([len(p) for p in parts]))).astype(np.uint64)
-    arrays["names"] = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
-
-
-def reseal(raw: bytes | bytearray) -> bytes:
-    """Make the header's length and the trailer agree with the bytes, as a careful forger would."""
-    out = bytearray(raw[: len(raw) - fmt.TRAILER.size])
-    magic, version, reserved, meta_offset, meta_length, _ = fmt.INDEX_HEADER.unpack_from(out)
-    length = len(out) + fmt.TRAILER.size
-    out[: fmt.INDEX_HEADER.size] = fmt.INDEX_HEADER.pack(
-        magic, version, reserved, meta_offset, meta_length, length
-    )
-    return bytes(out + fmt.TRAILER.pack(fmt.checksum(out)))
-
-
-def with_meta(raw: bytes, body: bytes) -> bytes:
-    """The index with its metadata replaced by ``body`` (any bytes), resealed."""
-    _, _, _, meta_offset, _, _ = fmt.INDEX_HEADER.unpack_from(raw)
-    out = bytearray(raw[:meta_offset] + body + bytes(fmt.TRAILER.size))
-    fmt.INDEX_HEADER.pack_into(out, 0, fmt.INDEX_MAGIC, fmt.FORMAT_VERSION, 0, meta_offset, len(body), 0)
-    return reseal(out)
-
-
-def edit_sections(raw: bytes, change: Callable[[dict[str, list[int]]], None]) -> bytes:
-    meta = json.loads(bytes(memoryview(raw)[fmt.INDEX_HEADER.unpack_from(raw)[3] : -fmt.TRAILER.size]))
-    change(meta["sections"])
-    return with_meta(raw, json.dumps(meta).encode())
-
-
-ROW_B, ROW_LINK, ROW_X, ROW_Y, ROW_Z = 2, 4, 5, 6, 7
-HUGE = 1 << 60
-
-
-def _set(name: str, row: int, value: int) -> Callable[[Arrays, Meta], None]:
-    def change(arrays: Arrays, meta: Meta) -> None:
-        arrays[name][row] = value
-
-    return change
-
-
-def _rename(names: dict[int, bytes]) -> Callable[[Arrays, Meta], None]:
-    return lambda arrays, meta: renamed(arrays, names)
-
-
-def _shard_size(arrays: Arrays, meta: Meta) -> int:
-    return int(meta["shards"][int(arrays["shard"][ROW_B])][1])
-
-
-def _links_blob(arrays: Arrays, meta: Meta) -> None:
-    arrays["links"] = np.frombuffer(b"a/\x00x", dtype=np.uint8).copy()
-
-
-def _meta(key: str, value: object) -> Callable[[Arrays, Meta], None]:
-    def change(arrays: Arrays, meta: Meta) -> None:
-        meta[key] = value
-
-    return change
-
-
-def _lz4_huge(arrays: Arrays, meta: Meta) -> None:
-    arrays["flags"][ROW_B] = fmt.FLAG_LZ4
-    arrays["size"][ROW_B] = HUGE
-
-
-def _past_shard(name: str) -> Callable[[Arrays, Meta], None]:
-    def change(arrays: Arrays, meta: Meta) -> None:
-        arrays[name][ROW_B] = _shard_size(arrays, meta) + 1
-        arrays["size"][ROW_B] = arrays["stored"][ROW_B]
-
-    return change
-
-
-def _wrapping(arrays: Arrays, meta: Meta) -> None:
-    """Bytes 100 up to 100 + (2^64 - 50): their end wraps round to 50, inside the shard."""
-    arrays["offset"][ROW_B] = 100
-    arrays["stored"][ROW_B] = arrays["size"][ROW_B] = (1 << 64) - 50
-
-
-def _table(name: str, *values: int) -> Callable[[Arrays, Meta], None]:
-    """Set a table section (``hardlinks``, ``sparse``, ``sparse_runs``) to ``values``."""
-
-    def change(arrays: Arrays, meta: Meta) -> None:
-        arrays[name] = np.array(values, dtype=fmt.SECTIONS[name])
-
-    return change
-
-
-def _both(*changes: Callable[[Arrays, Meta], None]) -> Callable[[Arrays, Meta], None]:
-    def change(arrays: Arrays, meta: Meta) -> None:
-        for one in changes:
-            one(arrays, meta)
-
-    return change
-
-
-def _same_bytes(arrays: Arrays, meta: Meta) -> None:
-    """Give a/y a/x's bytes, as the rows of a hard-linked file have."""
-    for column in ("shard", "offset", "stored", "size", "checksum", "flags"):
-        arrays[column][ROW_Y] = arrays[column][ROW_X]
-
-
-def _sparse_x(*runs: int, size: int = 10_000) -> Callable[[Arrays, Meta], None]:
-    """a/x (3,000 bytes stored) as a sparse file of ``size`` bytes with ``runs`` (offset, length)."""
-    return _both(
-        _set("flags", ROW_X, fmt.FLAG_SPARSE),
-        _set("size", ROW_X, size),
-        _table("sparse", ROW_X, len(runs) // 2),
-        _table("sparse_runs", *runs),
-    )
-
-
 LONG = b"p" * 40
 COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
-    "a hard-link table of odd length": (_table("hardlinks", ROW_X), "hardlinks table is not pairs"),
-    "a hard link past the entries": (_table("hardlinks", ROW_X, ROW_X, 1000, ROW_X), "past the entries"),
-    "hard links out of order": (_table("hardlinks", ROW_Y, ROW_X, ROW_X, ROW_X), "out of order"),
-    "a hard-linked folder": (_table("hardlinks", 1, 1, ROW_X, 1), "is a hard link but not a file"),
-    "a hard link alone": (_table("hardlinks", ROW_X, ROW_X), "alone in its group"),
+    "a hard-link table of odd length": (set_table("hardlinks", ROW_X), "hardlinks table is not pairs"),
+    "a hard link past the entries": (set_table("hardlinks", ROW_X, ROW_X, 1000, ROW_X), "past the entries"),
+    "hard links out of order": (set_table("hardlinks", ROW_Y, ROW_X, ROW_X, ROW_X), "out of order"),
+    "a hard-linked folder": (set_table("hardlinks", 1, 1, ROW_X, 1), "is a hard link but not a file"),
+    "a hard link alone": (set_table("hardlinks", ROW_X, ROW_X), "alone in its group"),
     "a hard link's inode not its group's first": (
-        _both(_same_bytes, _table("hardlinks", ROW_X, ROW_Y, ROW_Y, ROW_Y)),
+        both(same_bytes, set_table("hardlinks", ROW_X, ROW_Y, ROW_Y, ROW_Y)),
         "not its group's first",
     ),
-    "hard links to other bytes": (_table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X), "differs"),
-    "a sparse flag without a map": (_set("flags", ROW_X, fmt.FLAG_SPARSE), "exactly its sparse files"),
+    "hard links to other bytes": (set_table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X), "differs"),
+    "a sparse flag without a map": (set_value("flags", ROW_X, fmt.FLAG_SPARSE), "exactly its sparse files"),
     "a map without the sparse flag": (
-        _both(_table("sparse", ROW_X, 1), _table("sparse_runs", 0, 3000)),
+        both(set_table("sparse", ROW_X, 1), set_table("sparse_runs", 0, 3000)),
         "exactly",
     ),
-    "a sparse run past the file": (_sparse_x(9000, 3000), "sparse run outside its size"),
-    "sparse runs that overlap": (_sparse_x(0, 2000, 1000, 1000), "out of order or overlapping"),
-    "sparse runs short of the stored bytes": (_sparse_x(0, 2000), "other than its sparse runs"),
-    "an empty sparse run": (_sparse_x(0, 3000, 5000, 0), "is empty"),
-    "sparse and lz4": (_both(_sparse_x(0, 3000), _set("flags", ROW_X, fmt.ENCODED)), "both lz4 and sparse"),
-    "slash in a name": (_rename({ROW_B: b"b/txt"}), "containing '/' or NUL"),
-    "NUL in a name": (_rename({ROW_B: b"b\x00txt"}), "containing '/' or NUL"),
-    "a name '.'": (_rename({1: b"."}), "named '.'"),
-    "a name '..'": (_rename({1: b".."}), "named '..'"),
-    "an empty name": (_rename({1: b""}), "empty name"),
-    "a name of 256 bytes": (_rename({ROW_LINK: b"l" * 256}), "over 255 bytes"),
-    "a named root": (_rename({0: b"r"}), "the root has a name"),
-    "two names alike": (_rename({ROW_Y: b"x"}), "entry 6 has the same name"),
-    "two long names alike": (_rename({ROW_X: LONG, ROW_Y: LONG}), "entry 6 has the same name"),
-    "names out of order": (_rename({ROW_X: b"z"}), "entry 6 is out of name order"),
-    "long names out of order": (_rename({ROW_X: LONG + b"b", ROW_Y: LONG + b"a"}), "out of name order"),
-    "name offsets past the blob": (_set("name_off", 8, 10_000), "do not span"),
-    "name offsets going back": (_set("name_off", 3, 1), "out of place"),
-    "a child of a file": (_set("parent", ROW_Z, ROW_B), "not a directory"),
-    "a parent out of range": (_set("parent", ROW_Z, 1000), "before its parent"),
-    "its own parent": (_set("parent", ROW_Z, ROW_Z), "before its parent"),
-    "a cycle": (_set("parent", ROW_X, ROW_Y), "predecessor"),
-    "a root with a parent": (_set("parent", 0, 1), "no root"),
-    "a root that is a file": (_set("mode", 0, stat.S_IFREG | 0o644), "no root"),
-    "a device": (_set("mode", ROW_B, stat.S_IFCHR | 0o666), "neither a file"),
-    "a shard past the list": (_set("shard", ROW_B, 7), "past the shard list"),
-    "an offset past the shard": (_past_shard("offset"), "outside its shard"),
-    "stored bytes past the shard": (_past_shard("stored"), "outside its shard"),
-    "an offset and length that wrap": (_wrapping, "outside its shard"),
-    "bytes in the shard header": (_set("offset", ROW_B, 8), "outside its shard"),
-    "a size unlike the stored bytes": (_set("size", ROW_B, 1), "different number of bytes"),
-    "a huge lz4 size": (_lz4_huge, "impossible lz4 size"),
-    "an unknown flag": (_set("flags", ROW_B, 0x80), "flags"),
-    "an owner past the table": (_set("owner", ROW_B, 1), "past the owners table"),
+    "a sparse run past the file": (sparse_x(9000, 3000), "sparse run outside its size"),
+    "sparse runs that overlap": (sparse_x(0, 2000, 1000, 1000), "out of order or overlapping"),
+    "sparse runs short of the stored bytes": (sparse_x(0, 2000), "other than its sparse runs"),
+    "an empty sparse run": (sparse_x(0, 3000, 5000, 0), "is empty"),
+    "sparse and lz4": (
+        both(sparse_x(0, 3000), set_value("flags", ROW_X, fmt.ENCODED)),
+        "both lz4 and sparse",
+    ),
+    "slash in a name": (rename({ROW_B: b"b/txt"}), "containing '/' or NUL"),
+    "NUL in a name": (rename({ROW_B: b"b\x00txt"}), "containing '/' or NUL"),
+    "a name '.'": (rename({1: b"."}), "named '.'"),
+    "a name '..'": (rename({1: b".."}), "named '..'"),
+    "an empty name": (rename({1: b""}), "empty name"),
+    "a name of 256 bytes": (rename({ROW_LINK: b"l" * 256}), "over 255 bytes"),
+    "a named root": (rename({0: b"r"}), "the root has a name"),
+    "two names alike": (rename({ROW_Y: b"x"}), "entry 6 has the same name"),
+    "two long names alike": (rename({ROW_X: LONG, ROW_Y: LONG}), "entry 6 has the same name"),
+    "names out of order": (rename({ROW_X: b"z"}), "entry 6 is out of name order"),
+    "long names out of order": (rename({ROW_X: LONG + b"b", ROW_Y: LONG + b"a"}), "out of name order"),
+    "name offsets past the blob": (set_value("name_off", 8, 10_000), "do not span"),
+    "name offsets going back": (set_value("name_off", 3, 1), "out of place"),
+    "a child of a file": (set_value("parent", ROW_Z, ROW_B), "not a directory"),
+    "a parent out of range": (set_value("parent", ROW_Z, 1000), "before its parent"),
+    "its own parent": (set_value("parent", ROW_Z, ROW_Z), "before its parent"),
+    "a cycle": (set_value("parent", ROW_X, ROW_Y), "predecessor"),
+    "a root with a parent": (set_value("parent", 0, 1), "no root"),
+    "a root that is a file": (set_value("mode", 0, stat.S_IFREG | 0o644), "no root"),
+    "a device": (set_value("mode", ROW_B, stat.S_IFCHR | 0o666), "neither a file"),
+    "a shard past the list": (set_value("shard", ROW_B, 7), "past the shard list"),
+    "an offset past the shard": (past_shard("offset"), "outside its shard"),
+    "stored bytes past the shard": (past_shard("stored"), "outside its shard"),
+    "an offset and length that wrap": (wrapping, "outside its shard"),
+    "bytes in the shard header": (set_value("offset", ROW_B, 8), "outside its shard"),
+    "a size unlike the stored bytes": (set_value("size", ROW_B, 1), "different number of bytes"),
+    "a huge lz4 size": (lz4_huge, "impossible lz4 size"),
+    "an unknown flag": (set_value("flags", ROW_B, 0x80), "flags"),
+    "an owner past the table": (set_value("owner", ROW_B, 1), "past the owners table"),
     "an owners table of odd length": (
         lambda a, m: a.__setitem__("owners", np.zeros(3, np.uint32)),
         "not at most 65,536 (uid, gid) pairs",
@@ -236,14 +116,14 @@ COLUMN_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
         lambda a, m: a.__setitem__("owners", np.zeros(2 * fmt.OWNERS_MAX + 2, np.uint32)),
         "not at most 65,536 (uid, gid) pairs",
     ),
-    "a link past its blob": (_set("stored", ROW_LINK, 1000), "symlink target"),
-    "a link with NUL": (_links_blob, "contains NUL"),
-    "a shard named outside": (_meta("shards", [["../../etc/passwd", 4096]]), "is not named"),
+    "a link past its blob": (set_value("stored", ROW_LINK, 1000), "symlink target"),
+    "a link with NUL": (links_blob, "contains NUL"),
+    "a shard named outside": (set_meta("shards", [["../../etc/passwd", 4096]]), "is not named"),
     "a shard of impossible size": (lambda a, m: m["shards"][0].__setitem__(1, 1 << 70), "impossible size"),
-    "a malformed dataset id": (_meta("dataset_id", "../x"), "malformed dataset id"),
-    "no shard list": (_meta("shards", {"a": 1}), "no shard list"),
-    "a malformed creation time": (_meta("created_ns", "yesterday"), "created_ns"),
-    "a malformed transform": (_meta("transform", ["resize"]), "transform"),
+    "a malformed dataset id": (set_meta("dataset_id", "../x"), "malformed dataset id"),
+    "no shard list": (set_meta("shards", {"a": 1}), "no shard list"),
+    "a malformed creation time": (set_meta("created_ns", "yesterday"), "created_ns"),
+    "a malformed transform": (set_meta("transform", ["resize"]), "transform"),
 }
 
 
@@ -424,64 +304,14 @@ def test_the_valid_index_loads_and_encodes_back_the_same(valid: bytes) -> None:
     assert load(fmt.encode_index(arrays, meta)).count == 8
 
 
-def one_folder(names: list[bytes]) -> bytes:
-    """An index of a root holding one empty file per name, in the order given."""
-    count = len(names) + 1
-    arrays: Arrays = {
-        name: np.zeros(0 if name in fmt.BLOBS else count, dtype=dtype) for name, dtype in fmt.SECTIONS.items()
-    }
-    arrays["mode"][:] = stat.S_IFREG | 0o644
-    arrays["mode"][0] = stat.S_IFDIR | 0o755
-    arrays["offset"][1:] = fmt.HEADER_SIZE
-    arrays["name_off"] = np.concatenate(([0, 0], np.cumsum([len(n) for n in names]))).astype(np.uint64)
-    arrays["names"] = np.frombuffer(b"".join(names), dtype=np.uint8)
-    arrays["links"] = np.zeros(0, dtype=np.uint8)
-    arrays["owners"] = np.zeros(2, dtype=np.uint32)
-    dataset_id = "0123456789abcdef" * 2
-    meta = {"dataset_id": dataset_id, "shards": [[fmt.shard_name(dataset_id, 0), fmt.HEADER_SIZE]]}
-    return fmt.encode_index(arrays, meta)
-
-
-component = st.binary(min_size=1, max_size=3).filter(lambda n: b"/" not in n and b"\0" not in n)
-prefixes = st.sampled_from([b"", b"p", b"p" * 15, b"p" * 16, b"p" * 17, b"p" * 31, b"p" * 32, b"q" * 40])
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    names=st.lists(st.builds(bytes.__add__, prefixes, component), min_size=2, max_size=12),
-    order=st.booleans(),
-)
-def test_sibling_order_is_judged_as_python_compares_bytes(names: list[bytes], order: bool) -> None:
-    """Names that share 15, 16, 17, 31 or 32 bytes, or that are prefixes of each other."""
-    names = sorted(n for n in names if n not in (b".", b"..")) if order else names
-    assume(names and all(n not in (b".", b"..") for n in names))
-    if names == sorted(set(names)):
-        assert load(one_folder(names)).names_run(range(1, len(names) + 1)) == names
-    else:
-        with pytest.raises(DatasetError, match=r"same name|out of name order"):
-            load(one_folder(names))
-
-
-@pytest.mark.parametrize("at", [70_000, validate.BLOCK - 1, validate.BLOCK])
-def test_refusals_name_the_first_bad_entry_of_a_large_index(at: int) -> None:
-    """Names are checked in blocks of rows: a duplicate far from the first block, or in a pair
-    across two blocks, is still found and named by its row."""
-    names = [f"f{k:07d}".encode() for k in range(100_000)]
-    names[at + 1] = names[at]
-    with pytest.raises(DatasetError, match=f"entry {at + 2} has the same name"):
-        load(one_folder(names))
-    names[at + 1] = names[at] + b"a"
-    assert load(one_folder(names)).lookup(0, names[at + 1]) == at + 2
-
-
 def test_a_hard_link_table_and_a_sparse_map_that_keep_the_rules_load(valid: bytes) -> None:
     """a/x and a/y as one file of two names, a/x also as 3,000 bytes at 100 of 10,000: the rows
     answer as one inode of link count 2, and the map gives where the bytes lie."""
     arrays, meta = decode(valid)
-    _both(_same_bytes, _table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X))(arrays, meta)
+    both(same_bytes, set_table("hardlinks", ROW_X, ROW_X, ROW_Y, ROW_X))(arrays, meta)
     index = load(fmt.encode_index(arrays, meta))
     assert index.hard_links.inode_row(ROW_Y) == ROW_X and index.attrs(ROW_Y).nlink == 2
     arrays, meta = decode(valid)
-    _sparse_x(100, 3000)(arrays, meta)
+    sparse_x(100, 3000)(arrays, meta)
     index = load(fmt.encode_index(arrays, meta))
     assert index.sparse.runs(ROW_X).tolist() == [[100, 3000]] and index.attrs(ROW_X).size == 10_000
