@@ -26,12 +26,14 @@ from dlfs.pack.options import PackOptions
 log = logging.getLogger(__name__)
 
 
-def check_destination(src: Path, dst: Path, store: LocalStore, options: PackOptions) -> str | None:
-    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations.
-    The destination directory must exist (``created``)."""
-    real_src, real_dst = src.resolve(), dst.resolve()
-    if real_dst == real_src or real_src in real_dst.parents:
-        raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
+def check_destination(src: Path | None, dst: Path, store: LocalStore, options: PackOptions) -> str | None:
+    """Return the id of the dataset being replaced (None if none); refuse unsafe destinations: one
+    inside the source folder ``src`` (None: the source is no folder). The destination directory
+    must exist (``created``)."""
+    if src is not None:
+        real_src, real_dst = src.resolve(), dst.resolve()
+        if real_dst == real_src or real_src in real_dst.parents:
+            raise PackError(f"destination {dst} is inside the source {src}; choose a destination outside it")
     return replaced_dataset(store, options, "directory")
 
 

@@ -1,7 +1,7 @@
 """An S3 prefix of objects, one per file, as a pack source (``dlfs pack s3://BUCKET/PREFIX/ DST``).
 
 The listing (``S3Store.objects``) comes in key order, as an archive's members come in archive
-order, so the archive pass writes it (``archive.source.write_members``): each object's bytes go into
+order, so the archive pass writes it (``archive.archive_source.write_members``): each object's bytes go into
 the shards as they arrive, and the index's rows are sorted out of the ledger at the end. A thread
 of its own lists the objects and keeps ``--readers`` GETs in flight, in listing order, while the
 pass writes, holding at most FETCH_BYTES fetched or being fetched (``_Window``). An object larger
@@ -30,14 +30,15 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
-from typing import BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
+from dlfs.core.store import Store
 from dlfs.core.store.s3.store import ObjectChanged, S3Store, StoredObject
+from dlfs.pack.archive.archive_source import Sink, record_member, write_members
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused, normalize, show
-from dlfs.pack.archive.source import Sink, record_member, write_members
 from dlfs.pack.columns import Placed
 from dlfs.pack.interruption import block_in_thread
 from dlfs.pack.options import DEFAULT_READERS as DEFAULT_PACK_READERS
@@ -46,6 +47,9 @@ from dlfs.pack.pipeline import MAX_INFLIGHT_BYTES, STREAM_CHUNK
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
 from dlfs.pack.writers import InOrderShards
+
+if TYPE_CHECKING:
+    from dlfs.pack.source import Pools
 
 #: GETs in flight where ``--readers`` is not given. A GET waits on the network, not on a core, so
 #: many overlap well on any machine; docs/design.md has the measurement behind the figure.
@@ -64,7 +68,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 FILE_MODE, FOLDER_MODE = 0o644, 0o755
 
 
-class ObjectPrefix:
+class ObjectSource:
     """The objects below an ``s3://`` prefix, packed as the files of a tree."""
 
     def __init__(self, url: str, options: PackOptions) -> None:
@@ -76,16 +80,26 @@ class ObjectPrefix:
         #: The tree's root, and every folder no marker names.
         self.root = Folder(fmt.ROOT_ROW, b"", FOLDER_MODE, os.geteuid(), os.getegid(), time.time_ns())
 
+    #: A local folder the destination must not lie inside: none (``source.Source``).
+    local_folder = None
+
     def close(self) -> None:
         self.store.close()
 
+    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> InOrderShards:
+        """Shards written in listing order."""
+        return InOrderShards(store, dataset_id, options.shard_size)
+
     def pack(
-        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
+        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
         """Write every object into ``shards``; the tree and placements for the index. The writer's
         checksums are CPU work: its batches in flight follow the cores, not the GETs."""
         writing = replace(options, readers=min(options.readers, DEFAULT_PACK_READERS))
-        return write_members(self, shards, spill, writing, summary, pool)
+        return write_members(self, shards, spill, writing, summary, pools.encoders)
+
+    def index_meta(self) -> dict[str, Any]:
+        return {}
 
     def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
         """Fetch every object, ``readers`` at once, and hand each to ``record_member`` in listing

@@ -19,7 +19,8 @@ from dlfs.core.errors import PackError
 from dlfs.core.index import Index
 from dlfs.core.store import local
 from dlfs.core.store.local import LocalStore
-from dlfs.pack import PackOptions, pack, packer, pipeline
+from dlfs.pack import PackOptions, pack, pipeline, tree_source
+from dlfs.pack.options import PROGRESS_EVERY
 
 
 def test_missing_or_non_directory_source_is_refused(tmp_path: Path) -> None:
@@ -239,7 +240,7 @@ def test_files_that_change_after_the_walk_are_stored_as_read(
     (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
     monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 1 << 20)  # c and d are streamed, in chunks
     monkeypatch.setattr(pipeline, "STREAM_CHUNK", 1 << 20)
-    walk = packer.walk
+    walk = tree_source.walk
 
     def walk_then_change(*args: object) -> object:
         tree = walk(*args)
@@ -251,7 +252,7 @@ def test_files_that_change_after_the_walk_are_stored_as_read(
         (src / "z-vanishes.bin").unlink()
         return tree
 
-    monkeypatch.setattr(packer, "walk", walk_then_change)
+    monkeypatch.setattr(tree_source, "walk", walk_then_change)
     options = PackOptions(progress=False, compress=compress, skip_errors=True, shard_size=shard_size)
     summary = pack(src, tmp_path / "ds", options)
     assert summary.skipped_errors == 1 and summary.skipped_paths[0].endswith("z-vanishes.bin")
@@ -270,14 +271,14 @@ def test_a_vanished_last_file_leaves_its_shard_the_length_the_index_says(
     src.mkdir()
     (src / "a.bin").write_bytes(b"a" * 1000)
     (src / "z-vanishes.bin").write_bytes(b"z" * 7000)
-    walk = packer.walk
+    walk = tree_source.walk
 
     def walk_then_delete(*args: object) -> object:
         tree = walk(*args)
         (src / "z-vanishes.bin").unlink()
         return tree
 
-    monkeypatch.setattr(packer, "walk", walk_then_delete)
+    monkeypatch.setattr(tree_source, "walk", walk_then_delete)
     pack(src, tmp_path / "ds", PackOptions(progress=False, skip_errors=True))
     assert dlfs("verify", tmp_path / "ds").returncode == 0
 
@@ -324,7 +325,7 @@ def test_the_progress_bar_ends_at_the_files_the_summary_counts(tmp_path: Path) -
     summary's, not the count at its last step."""
     src = tmp_path / "src"
     src.mkdir()
-    files = packer.PROGRESS_EVERY + 44
+    files = PROGRESS_EVERY + 44
     for k in range(files):
         (src / f"{k:04d}.txt").write_bytes(b"x" * k)
     result = subprocess.run(

@@ -25,7 +25,7 @@ from dlfs.core.reader import Reader
 from dlfs.core.store.local import LocalStore
 from dlfs.core.store.s3.store import S3Store, StoredObject
 from dlfs.pack import PackOptions, objects, pack
-from dlfs.pack.archive import source
+from dlfs.pack.archive import archive_source
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +131,7 @@ def test_a_large_object_is_fetched_in_ranged_gets_and_streamed_into_its_shard(
     """Past the whole-payload limit (lowered here) an object is never held whole."""
     monkeypatch.setattr(fmt, "WHOLE_PAYLOAD_LIMIT", 1000)
     monkeypatch.setattr(objects, "STREAM_CHUNK", 300)
-    monkeypatch.setattr(source, "STREAM_CHUNK", 300)
+    monkeypatch.setattr(archive_source, "STREAM_CHUNK", 300)
     big = os.urandom(2500)
     put(s3_server, s3, {"big.bin": big, "small.bin": b"s"})
     ranges: dict[str, list[tuple[int, int]]] = {}

@@ -13,7 +13,7 @@ from conftest import DLFS, make_odd_tree, wait_until
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.store.local import LocalStore
-from dlfs.pack import PackOptions, columns, pack, packer, placement, spill, walk
+from dlfs.pack import PackOptions, columns, pack, placement, spill, tree_source, walk
 from dlfs.pack.placement import permute
 
 
@@ -89,7 +89,7 @@ def test_chunk_sizes_never_change_the_index(
             path.unlink(missing_ok=True)
         return tree
 
-    monkeypatch.setattr(packer, "walk", walk_then_delete)
+    monkeypatch.setattr(tree_source, "walk", walk_then_delete)
     options = PackOptions(
         progress=False, shard_size=1 << 16, placement=placement, seed=3, compress=compress, skip_errors=True
     )

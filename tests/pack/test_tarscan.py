@@ -19,7 +19,7 @@ from test_archive_fuzz import FUZZ, Seeds, archives, mutate  # noqa: F401 - fixt
 
 from dlfs.core.errors import PackError
 from dlfs.pack.archive.members import Member
-from dlfs.pack.archive.streams import Source, reading
+from dlfs.pack.archive.streams import Buffered, reading
 from dlfs.pack.archive.tar import Readable, tar_members
 from dlfs.pack.archive.tarscan import FileRun, TarScanner
 
@@ -38,7 +38,7 @@ def read(tar: Path, expand: bool, native: bool) -> Outcome:
             if native
             else None
         )
-        members = tar_members(Source(file), tar.name, expand, scanner=scanner, end=os.fstat(fd).st_size)
+        members = tar_members(Buffered(file), tar.name, expand, scanner=scanner, end=os.fstat(fd).st_size)
         out: list[tuple[object, ...]] = []
         taken = 0
         try:

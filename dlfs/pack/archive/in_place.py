@@ -3,10 +3,10 @@
 The source is an uncompressed tar, or a folder of them (WebDataset shards), each becoming a folder
 named after it (``shard-000.tar`` -> ``shard-000/``): local files, or objects in S3
 (``s3://bucket/key.tar``, ``s3://bucket/prefix/``), read where their bytes lie (``positional``).
-The pass is the archive pass of an ordinary pack (``source.Archive.record``: the same names, links,
-duplicates and refusals), but instead of copying a member's bytes into a shard it checksums them
-and records where they lie in the tar: with ``--expand-tars`` a nested tar's members are
-contiguous bytes of the outer file too. Only the index is written.
+The pass is the archive pass of an ordinary pack (``archive_source.ArchiveSource.record``: the
+same names, links, duplicates and refusals), but instead of copying a member's bytes into a
+shard it checksums them and records where they lie in the tar: with ``--expand-tars`` a nested
+tar's members are contiguous bytes of the outer file too. Only the index is written.
 
 A member's place is (window, offset in it): the windows cut each tar into runs of at most
 ``WINDOW_MAX`` bytes, a new one starting at the first member that would cross the end, so the
@@ -22,7 +22,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import numpy as np
 import xxhash
@@ -30,20 +30,23 @@ from tqdm import tqdm
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
-from dlfs.core.store import StoreOptions
+from dlfs.core.store import Store, StoreOptions
 from dlfs.core.store.s3.location import Location, is_s3
 from dlfs.core.store.s3.store import S3Store
 from dlfs.pack.archive import members, rows
+from dlfs.pack.archive.archive_source import ArchiveSource, advance
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member
 from dlfs.pack.archive.positional import LocalTar, Positional, S3Tar
-from dlfs.pack.archive.source import Archive, advance
 from dlfs.pack.archive.tarscan import FileRun, TarScanner
 from dlfs.pack.columns import Placed
 from dlfs.pack.options import PackOptions, PackSummary, progress_bar, show_files
 from dlfs.pack.pipeline import Payload
 from dlfs.pack.spill import Spill
 from dlfs.pack.walk import Tree
+
+if TYPE_CHECKING:
+    from dlfs.pack.source import Pools
 
 #: What to do instead, in every refusal of a source or member that cannot be served in place.
 INSTEAD = "pack without --in-place, which copies the bytes into shards"
@@ -107,7 +110,7 @@ class ArchiveWindows:
 
 
 class _Checksums:
-    """The in-place pass's ``source.Sink``: each file's checksum and place in its tar."""
+    """The in-place pass's ``archive_source.Sink``: each file's checksum and place in its tar."""
 
     def __init__(
         self,
@@ -146,7 +149,7 @@ class _Checksums:
 
     def _checksum(self, member: Member) -> int:
         """The checksum of a member's stored bytes (a sparse file's runs), read from where they lie
-        in the tar (the pass then seeks past them: ``streams.Source.skip``), hashed without a copy."""
+        in the tar (the pass then seeks past them: ``streams.Buffered.skip``), hashed without a copy."""
         hasher = xxhash.xxh3_64()
         got = 0
         for piece in self.tar.pieces(member.offset, member.stored):
@@ -165,7 +168,7 @@ class _Checksums:
         """Every member is recorded as it arrives."""
 
 
-class InPlace:
+class InPlaceSource:
     """The tars of an in-place pack; ``pack`` indexes them one after another, each in one pass
     with only its own file open (a folder of WebDataset shards may hold thousands)."""
 
@@ -176,20 +179,22 @@ class InPlace:
         self.bucket: S3Store | None = None
         if is_s3(source):
             self.bucket, single = _s3_source(source, options)
-            self.folder = single is None
+            self.of_tars = single is None
             self.tars = _objects_in(self.bucket) if single is None else [single]
         else:
-            self.folder = Path(source).is_dir()
-            self.tars = _tars_in(Path(source)) if self.folder else [source]
-        self.kind = "tar folder" if self.folder else "tar"
+            self.of_tars = Path(source).is_dir()
+            self.tars = _tars_in(Path(source)) if self.of_tars else [source]
+        self.kind = "tar folder" if self.of_tars else "tar"
+        #: A local folder the destination must not lie inside: none (``source.Source``).
+        self.local_folder = None
         #: What the index records of each tar, as each is opened (``ArchiveWindows.meta``).
         self.identities: list[dict[str, Any]] = []
-        if self.folder and self.bucket is None:
+        if self.of_tars and self.bucket is None:
             st = Path(source).stat()
             self.root = Folder(
                 fmt.ROOT_ROW, b"", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
             )
-        elif self.folder:
+        elif self.of_tars:
             self.root = Folder(fmt.ROOT_ROW, b"", 0o755, os.geteuid(), os.getegid(), time.time_ns())
         else:
             archive, tar = self._open(self.tars[0])
@@ -197,15 +202,15 @@ class InPlace:
             self.root = Folder(fmt.ROOT_ROW, b"", 0o755, uid, gid, mtime_ns)
             archive.close()
 
-    def _open(self, tar: str) -> tuple[Archive, Positional]:
+    def _open(self, tar: str) -> tuple[ArchiveSource, Positional]:
         """The tar opened, and read where its bytes lie; or a one-line refusal of what cannot be
         served in place."""
         positional: Positional | None = None
         if self.bucket is not None:
             positional = S3Tar(self.bucket, tar)
-            archive = Archive(positional.name, read_ahead=False, opened=cast(BinaryIO, positional))
+            archive = ArchiveSource(positional.name, read_ahead=False, opened=cast(BinaryIO, positional))
         else:
-            archive = Archive(tar, read_ahead=False)
+            archive = ArchiveSource(tar, read_ahead=False)
             if archive.stream.file is not None:
                 positional = LocalTar(archive.name, archive.stream.file.fileno())
         problem = ""
@@ -219,13 +224,16 @@ class InPlace:
         assert positional is not None
         return archive, positional
 
-    def windows(self, dataset_id: str) -> ArchiveWindows:
-        return ArchiveWindows(dataset_id, self.identities)
+    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> ArchiveWindows:
+        """The windows of the tars the bytes lie in: nothing is written but the index."""
+        self._windows = ArchiveWindows(dataset_id, self.identities)
+        return self._windows
 
     def pack(
-        self, windows: ArchiveWindows, spill: Spill, options: PackOptions, summary: PackSummary
+        self, windows: ArchiveWindows, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
-        """Record every member of every tar, and where its bytes lie; the tree and placements."""
+        """Record every member of every tar, and where its bytes lie; the tree and placements.
+        Every tar is read on this thread: ``pools`` does not serve."""
         ledger = Ledger(spill, self.root)
         summary.archives = len(self.tars)
         started = time.monotonic()
@@ -241,7 +249,7 @@ class InPlace:
 
     def _index(
         self,
-        archive: Archive,
+        archive: ArchiveSource,
         tar: Positional,
         number: int,
         ledger: Ledger,
@@ -255,7 +263,7 @@ class InPlace:
         before = tar.identity()
         self.identities.append(before)
         prefix = b""
-        if self.folder:  # the tar becomes a folder, as a nested one does with --expand-tars
+        if self.of_tars:  # the tar becomes a folder, as a nested one does with --expand-tars
             prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
             ledger.folder(members.folder_of(Member(prefix, stat.S_IFREG, *tar.owner()), prefix))
         scanner = archive.scanner(tar.read_into, False, options) if isinstance(tar, LocalTar) else None
@@ -263,6 +271,10 @@ class InPlace:
         archive.record(ledger, sink, options, summary, prefix)
         if tar.identity() != before:
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
+
+    def index_meta(self) -> dict[str, Any]:
+        """The tars and the windows of them the index's shards are (``format``)."""
+        return self._windows.meta()
 
     def close(self) -> None:
         """Nothing is held open between tars but the S3 client."""

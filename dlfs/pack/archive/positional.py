@@ -1,7 +1,7 @@
 """A tar's bytes where they lie, for the in-place pass (``in_place``): a local file read by
 ``pread``, or an object in S3 read by large ranged GETs, a few in flight.
 
-The pass reads a tar forwards twice over at once: the header stream (``streams.Source``) and each
+The pass reads a tar forwards twice over at once: the header stream (``streams.Buffered``) and each
 member's bytes, hashed where they lie while the stream seeks past them. A local file is asked for
 ``HINT_AHEAD`` ahead of the member being hashed. An object in S3 is fetched in blocks of ``BLOCK``,
 ``AHEAD`` of them in flight, and both readers take their bytes from the blocks: members are small,
@@ -56,7 +56,7 @@ class Positional(Protocol):
 
 class LocalTar:
     """A local tar's bytes by ``pread`` of the descriptor the header stream reads too; an ordinary
-    pack of a plain tar file reads through it too (``source.Archive.pack``)."""
+    pack of a plain tar file reads through it too (``archive_source.ArchiveSource.pack``)."""
 
     def __init__(self, name: str, fd: int) -> None:
         self.name, self.fd = name, fd

@@ -37,10 +37,10 @@ from dlfs.pack.interruption import block_in_thread
 
 #: Bytes read from a stream at a time (more where a member's data asks for more).
 CHUNK = 1 << 20
-#: Most bytes ``Source`` asks its stream for at once: a count from a damaged header (a pax record's
+#: Most bytes ``Buffered`` asks its stream for at once: a count from a damaged header (a pax record's
 #: claimed 2^62 bytes) is read piece by piece to the stream's end, never allocated up front.
 READ_MAX = 64 << 20
-#: What ``Source`` reads ahead of a header where it can skip what follows (``Source.skips``).
+#: What ``Buffered`` reads ahead of a header where it can skip what follows (``Buffered.skips``).
 SKIPPING_AHEAD = 16 << 10
 #: Chunks read ahead of the pack (``ReadAhead``).
 AHEAD = 16
@@ -58,7 +58,7 @@ DAMAGE = (
 )
 
 
-class Source:
+class Buffered:
     """A forward-only stream read in chunks of CHUNK: what the tar reader parses. Headers and small
     members are slices of one buffer, a large read goes to the stream whole, so a member costs a few
     calls whatever its size (``tarfile``'s own stream reads 10 KiB at a time and copies its buffer
@@ -194,9 +194,9 @@ class ReadAhead:
 
 
 class Bounded:
-    """The next ``size`` bytes of a ``Source``, as a file to read: one member's data."""
+    """The next ``size`` bytes of a ``Buffered``, as a file to read: one member's data."""
 
-    def __init__(self, source: Source, size: int) -> None:
+    def __init__(self, source: Buffered, size: int) -> None:
         self.source = source
         self.left = size
 
@@ -207,7 +207,7 @@ class Bounded:
         return out
 
     def skip(self, count: int) -> None:
-        """Pass over ``count`` of the member's bytes (``Source.skip``)."""
+        """Pass over ``count`` of the member's bytes (``Buffered.skip``)."""
         count = min(count, self.left)
         self.source.skip(count)
         self.left -= count
@@ -276,11 +276,11 @@ def _damaged(source: str, kind: str, exc: BaseException) -> PackError:
 
 class ArchiveStream:
     """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
-    bytes as a ``Source``; a zip is read from its file (its directory is at its end)."""
+    bytes as a ``Buffered``; a zip is read from its file (its directory is at its end)."""
 
     def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
         """``read_ahead``: read the tar in a thread of its own (``ReadAhead``); without, a plain
-        tar's stream is its file, which ``Source.skip`` seeks past bytes the pass does not read
+        tar's stream is its file, which ``Buffered.skip`` seeks past bytes the pass does not read
         (the in-place pass reads them itself, where they lie). ``opened``: the source already open
         as a stream that reads and skips (an object in S3: ``positional.S3Tar``)."""
         self.source = source
@@ -322,10 +322,10 @@ class ArchiveStream:
             self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
             if compression == "tar":
                 if not read_ahead:
-                    self.stream = Source(raw, head)
+                    self.stream = Buffered(raw, head)
                     return
                 self.ahead = ReadAhead(raw)
-                self.stream = Source(self.ahead, head)  # type: ignore[arg-type]
+                self.stream = Buffered(self.ahead, head)  # type: ignore[arg-type]
                 return
             inner = _decompressed(compression, _Prefixed(head, raw))
             with reading(self.name, self.kind):
@@ -333,7 +333,7 @@ class ArchiveStream:
             if sniff(first) != "tar":
                 raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
             self.ahead = ReadAhead(inner)
-            self.stream = Source(self.ahead, first)  # type: ignore[arg-type]
+            self.stream = Buffered(self.ahead, first)  # type: ignore[arg-type]
         except BaseException:
             self.close()
             raise

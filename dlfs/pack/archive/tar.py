@@ -1,6 +1,6 @@
 """Tar members, read in one pass over a stream: Python's ``tarfile`` parses the headers (ustar,
 GNU, pax; long and non-UTF-8 names, pax nanosecond mtimes, base-256 sizes, GNU sparse maps), and
-the member bytes are read from the stream directly (``streams.Source``), which costs a few calls a
+the member bytes are read from the stream directly (``streams.Buffered``), which costs a few calls a
 member where ``TarFile``'s own member files cost dozens.
 
 With ``expand``, a member ``NAME.tar`` is read as a tar in its turn, on the same pass, and becomes
@@ -35,7 +35,7 @@ from typing import Protocol
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import HARDLINK, Member, Refused
-from dlfs.pack.archive.streams import Bounded, Source
+from dlfs.pack.archive.streams import Bounded, Buffered
 from dlfs.pack.archive.tarscan import FileRun, TarScanner
 
 log = logging.getLogger(__name__)
@@ -129,14 +129,14 @@ class _Headers:
     encoding = "utf-8"
     errors = "surrogateescape"
 
-    def __init__(self, fileobj: Source) -> None:
+    def __init__(self, fileobj: Buffered) -> None:
         self.fileobj = fileobj
         self.offset = 0
         self.pax_headers: dict[str, str] = {}
 
 
 def tar_members(
-    stream: Source,
+    stream: Buffered,
     name: str,
     expand: bool,
     prefix: bytes = b"",
@@ -171,7 +171,7 @@ def tar_members(
         folder = members.expanded_folder(member.path) if expand and member.sparse is None else None
         if folder is not None and data is not None:
             yield members.folder_of(member, folder), None
-            inner = Source(data)  # type: ignore[arg-type]
+            inner = Buffered(data)  # type: ignore[arg-type]
             label = f"{name}: {members.show(member.path)}"
             yield from tar_members(
                 inner,

@@ -21,7 +21,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
 from dlfs.pack.archive import members
 from dlfs.pack.archive.members import EXPANSION_MAX, Member, Refused
-from dlfs.pack.archive.streams import Source, checked_read
+from dlfs.pack.archive.streams import Buffered, checked_read
 from dlfs.pack.archive.tar import tar_members
 
 #: A local file header's fixed part, and the field where its name's length starts.
@@ -75,7 +75,7 @@ def zip_members(
                 yield members.folder_of(member, folder), None
                 label = f"{name}: {info.filename}"
                 yield from tar_members(
-                    Source(data), label, True, folder, member.offset, member.contiguous, nested=True
+                    Buffered(data), label, True, folder, member.offset, member.contiguous, nested=True
                 )
             else:
                 yield member, data

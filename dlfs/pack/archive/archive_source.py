@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 import xxhash
@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DlfsError, InternalError
+from dlfs.core.store import Store
 from dlfs.pack.archive import members, rows
 from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused
@@ -47,6 +48,9 @@ from dlfs.pack.spill import Spill
 from dlfs.pack.transform import Transform
 from dlfs.pack.walk import Tree
 from dlfs.pack.writers import InOrderShards
+
+if TYPE_CHECKING:
+    from dlfs.pack.source import Pools
 
 #: A member with its bytes (None: a folder, symlink or hard link), as a batch hands it to the pool.
 Item = tuple[Member, bytes | None]
@@ -79,7 +83,7 @@ def advance(bar: tqdm | None, ledger: Ledger, started: float, size: int, count: 
 
 def scans(source: str, options: PackOptions) -> bool:
     """Whether a pack of ``source`` copies runs of plain tar members from its file as the C loop
-    takes them (``Archive.scanner``): members stored as they are, the source a regular file (not
+    takes them (``ArchiveSource.scanner``): members stored as they are, the source a regular file (not
     standard input, nor a pipe such as ``<(curl ...)``). Such a pack reads the tar where its
     members lie, without ``ReadAhead``."""
     plain = not options.compress and options.transform is None and options.path_map is None
@@ -87,7 +91,7 @@ def scans(source: str, options: PackOptions) -> bool:
 
 
 class Sink(Protocol):
-    """Where ``Archive.record`` hands members that are not folders: a writer into shards, or the
+    """Where ``ArchiveSource.record`` hands members that are not folders: a writer into shards, or the
     in-place pass's checksummer (``in_place``)."""
 
     #: Takes runs of plain members from the tar's file (``add_run``); None: every member one by one.
@@ -107,7 +111,7 @@ class Sink(Protocol):
         """Every member handed over is recorded in the ledger."""
 
 
-class Archive:
+class ArchiveSource:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
     def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
@@ -147,14 +151,24 @@ class Archive:
             self.stream.stream, self.name, options.expand_tars, prefix, scanner=scanner, end=end
         )
 
+    #: A local folder the destination must not lie inside: none (``source.Source``).
+    local_folder = None
+
+    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> InOrderShards:
+        """Shards written in arrival order."""
+        return InOrderShards(store, dataset_id, options.shard_size)
+
     def pack(
-        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pool: Executor
+        self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
         scanner = None
         if self.stream.file is not None and scans(self.name, options):
             scanner = self.scanner(LocalTar(self.name, self.stream.file.fileno()).read_into, True, options)
-        return write_members(self, shards, spill, options, summary, pool, scanner)
+        return write_members(self, shards, spill, options, summary, pools.encoders, scanner)
+
+    def index_meta(self) -> dict[str, Any]:
+        return {}
 
     def record(
         self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes = b""
@@ -212,7 +226,7 @@ def _beside_symlinks(run: FileRun, ledger: Ledger, options: PackOptions, summary
 
 
 class MemberSource(Protocol):
-    """A source whose members come in one pass (an ``Archive``, ``objects.ObjectPrefix``)."""
+    """A source whose members come in one pass (an ``ArchiveSource``, ``objects.ObjectSource``)."""
 
     name: str
     kind: str
