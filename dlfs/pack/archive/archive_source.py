@@ -162,10 +162,14 @@ class ArchiveSource:
         self, shards: InOrderShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
         """Write every member into ``shards``; the tree and placements for the index."""
-        scanner = None
-        if self.stream.file is not None and scans(self.name, options):
-            scanner = self.scanner(LocalTar(self.name, self.stream.file.fileno()).read_into, True, options)
-        return write_members(self, shards, spill, options, summary, pools.encoders, scanner)
+        if self.stream.file is None or not scans(self.name, options):
+            return write_members(self, shards, spill, options, summary, pools.encoders)
+        tar = LocalTar(self.name, self.stream.file.fileno())
+        try:
+            scanner = self.scanner(tar.read_into, True, options)
+            return write_members(self, shards, spill, options, summary, pools.encoders, scanner)
+        finally:
+            tar.close()
 
     def index_meta(self) -> dict[str, Any]:
         return {}

@@ -243,6 +243,7 @@ class InPlaceSource:
                 try:
                     self._index(archive, tar, number, ledger, windows, options, summary, (bar, started))
                 finally:
+                    tar.close()
                     archive.close()
             show_files(bar, len(ledger), started)  # the bar's last line counts every member
         return rows.build(ledger, spill, options, summary)

@@ -11,11 +11,13 @@ and a GET each would cost a round trip each. Every GET asks for the version a HE
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dlfs.core import libc
 from dlfs.core.errors import PackError
 from dlfs.core.store.s3.store import S3Store, StoredObject
 
@@ -53,15 +55,28 @@ class Positional(Protocol):
     def owner(self) -> tuple[int, int, int, int]:
         """(mode, uid, gid, mtime in ns) of the tar, for the folder it becomes."""
 
+    def close(self) -> None:
+        """Release what reading it holds (the header stream's file is the archive's to close)."""
+
 
 class LocalTar:
     """A local tar's bytes by ``pread`` of the descriptor the header stream reads too; an ordinary
-    pack of a plain tar file reads through it too (``archive_source.ArchiveSource.pack``)."""
+    pack of a plain tar file reads through it too (``archive_source.ArchiveSource.pack``).
+
+    The C loop's buffers (``read_into``) are read directly (``O_DIRECT``) where the page cache does
+    not hold their bytes: read through the page cache, a cold tar cost the kernel about a second of
+    CPU for every 2 GB to insert its pages and copy them out (``dd bs=4M`` of a 2.2 GB tar: 1.2-2.2
+    s of system time, against 0.17 s direct), and on two cores that CPU, not the disk, bounded the
+    pass. A direct read lands in an aligned buffer and is copied from there, in user space."""
 
     def __init__(self, name: str, fd: int) -> None:
         self.name, self.fd = name, fd
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.hinted = 0
+        #: The same file opened ``O_DIRECT``, or None where its filesystem reads none that way.
+        self.direct = _direct_descriptor(fd)
+        #: Where a direct read lands (page-aligned, as ``O_DIRECT`` wants its memory).
+        self._landing: mmap.mmap | None = None
 
     def pieces(self, offset: int, length: int) -> Iterator[memoryview]:
         self._hint(offset, offset + length)
@@ -76,9 +91,42 @@ class LocalTar:
 
     def read_into(self, view: memoryview, offset: int) -> int:
         """Bytes at ``offset`` into ``view``; how many (fewer only where the tar ends). What the
-        C loop over plain members reads through (``tarscan``), from a thread of its own."""
+        C loop over plain members reads through (``tarscan``), from a thread of its own: one read
+        at a time, never two at once. Directly where the page cache misses any of them (the class
+        docstring says why); through it where it holds them all, or cannot tell (no cachestat)."""
+        if self.direct is not None and libc.in_memory(self.fd, offset, len(view)) is False:
+            return self._read_direct(view, offset)
         self._hint(offset, offset + len(view))
         return os.preadv(self.fd, [view], offset)
+
+    def _read_direct(self, view: memoryview, offset: int) -> int:
+        """``read_into`` by one ``O_DIRECT`` read of the aligned range around the bytes."""
+        assert self.direct is not None
+        align = libc.DIRECT_ALIGN
+        start = offset - offset % align
+        pad = offset - start
+        length = -(-(pad + len(view)) // align) * align
+        if self._landing is None or len(self._landing) < length:
+            if self._landing is not None:
+                self._landing.close()
+            self._landing = mmap.mmap(-1, length)
+        landing = memoryview(self._landing)
+        try:
+            got = os.preadv(self.direct, [landing[:length]], start)  # short only at the end of the tar
+            taken = max(0, min(len(view), got - pad))
+            view[:taken] = landing[pad : pad + taken]
+        finally:
+            landing.release()
+        return taken
+
+    def close(self) -> None:
+        """Close the direct descriptor (the other one is the header stream's)."""
+        if self.direct is not None:
+            os.close(self.direct)
+            self.direct = None
+        if self._landing is not None:
+            self._landing.close()
+            self._landing = None
 
     def _hint(self, offset: int, end: int) -> None:
         """Ask for the tar from ``offset`` up to ``HINT_AHEAD`` past ``end``, in steps of
@@ -95,6 +143,15 @@ class LocalTar:
     def owner(self) -> tuple[int, int, int, int]:
         st = os.fstat(self.fd)
         return st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns
+
+
+def _direct_descriptor(fd: int) -> int | None:
+    """The file of ``fd`` opened again with ``O_DIRECT``; None where its filesystem has no direct
+    reads (EINVAL) or the reopening is not allowed."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 class S3Tar:
