@@ -96,8 +96,7 @@ class Tree:
         self._names += name
         rows["name_end"].append(self._names_length + len(self._names))
         rows["mode"].append(mode)
-        owner = self.owners.get((uid, gid))
-        rows["owner"].append(self._new_owner(uid, gid) if owner is None else owner)
+        rows["owner"].append(self._owner(uid, gid))
         rows["size"].append(size)
         rows["mtime"].append(mtime_ns)
         if stat.S_ISREG(mode):
@@ -107,6 +106,53 @@ class Tree:
         if len(rows["parent"]) >= FLUSH_ROWS:
             self.flush()
         return row
+
+    def add_rows(
+        self,
+        parent: int,
+        names: list[bytes],
+        modes: np.ndarray,
+        uids: np.ndarray,
+        gids: np.ndarray,
+        sizes: np.ndarray,
+        mtimes: np.ndarray,
+    ) -> int:
+        """``add_row`` of many rows of one folder at once, as columns; the first one's number. An
+        archive's folder of a thousand entries costs one call, not a thousand (the archive pass
+        spent most of its time on 200,000 tiny members here, one row at a time)."""
+        first, count = self.count, len(names)
+        if not count:
+            return first
+        rows = self._rows
+        lengths = np.fromiter(map(len, names), dtype=np.uint64, count=count)
+        self._names += b"".join(names)
+        ends = self._names_length + len(self._names) - int(lengths.sum()) + np.cumsum(lengths)
+        pairs, inverse = np.unique(
+            np.stack((uids, gids), axis=1).astype(np.int64), axis=0, return_inverse=True
+        )
+        owners = [self._owner(uid, gid) for uid, gid in pairs.tolist()]
+        columns = {
+            "parent": np.full(count, parent),
+            "mode": modes,
+            "owner": np.array(owners, dtype=np.int64)[inverse.ravel()],
+            "size": sizes,
+            "mtime": mtimes,
+            "name_end": ends,
+        }
+        for name, code in ROW_COLUMNS.items():
+            rows[name].frombytes(np.asarray(columns[name], dtype=code).tobytes())
+        regular = np.flatnonzero((modes & fmt.TYPE_MASK) == stat.S_IFREG)
+        self._files.frombytes((first + regular).astype(np.uint64).tobytes())
+        self.file_bytes += int(np.asarray(sizes)[regular].sum())
+        self.count += count
+        if len(rows["parent"]) >= FLUSH_ROWS:
+            self.flush()
+        return first
+
+    def _owner(self, uid: int, gid: int) -> int:
+        """The number of the (uid, gid) pair, numbered in the order the tree meets it."""
+        owner = self.owners.get((uid, gid))
+        return self._new_owner(uid, gid) if owner is None else owner
 
     def _new_owner(self, uid: int, gid: int) -> int:
         if len(self.owners) == fmt.OWNERS_MAX:

@@ -78,35 +78,44 @@ def layout(ledger: Ledger, spill: Spill, options: PackOptions, summary: PackSumm
         folder, row, path = queue.popleft()
         directory = tree.dirs[row] = Directory(path, len(tree))
         entries = _entries(ledger, groups, folder, children, path, options, summary)
-        picked = np.array([entry for _, entry in entries if entry >= 0], dtype=np.int64)
-        modes = ledger.columns["mode"].gather(picked)
-        uids, gids, sizes, mtimes = (
-            ledger.columns[name].gather(picked).tolist() for name in ("uid", "gid", "size", "mtime")
-        )
-        links = picked[(modes & fmt.TYPE_MASK) == stat.S_IFLNK]
-        targets = iter(ledger.targets_of(ledger.columns["link"].gather(links)))
-        files: list[int] = []
-        k = 0
-        for name, entry in entries:
-            if entry < 0:
-                sub = ledger.folders[-entry - 1]
-                child = tree.add_row(row, name, stat.S_IFDIR | sub.mode, sub.uid, sub.gid, 0, sub.mtime_ns)
-                queue.append((-entry - 1, child, path + b"/" + name if path else name))
-                continue
-            mode = int(modes[k])
-            added = tree.add_row(row, name, mode, uids[k], gids[k], sizes[k], mtimes[k])
-            if stat.S_ISLNK(mode):
-                tree.add_link(added, next(targets))
-            else:
-                files.append(entry)
-                origin = sources.get(entry, entry)
+        numbers = np.fromiter((entry for _, entry in entries), dtype=np.int64, count=len(entries))
+        members = np.flatnonzero(numbers >= 0)
+        picked = numbers[members]
+        count = len(entries)
+        modes, uids, gids = (np.zeros(count, np.int64) for _ in range(3))
+        sizes, mtimes = np.zeros(count, np.int64), np.zeros(count, np.int64)
+        for column, name in (
+            (modes, "mode"),
+            (uids, "uid"),
+            (gids, "gid"),
+            (sizes, "size"),
+            (mtimes, "mtime"),
+        ):
+            column[members] = ledger.columns[name].gather(picked)
+        subfolders = np.flatnonzero(numbers < 0)
+        for k in subfolders.tolist():
+            sub = ledger.folders[-int(numbers[k]) - 1]
+            modes[k], uids[k], gids[k], mtimes[k] = stat.S_IFDIR | sub.mode, sub.uid, sub.gid, sub.mtime_ns
+        first = tree.add_rows(row, [name for name, _ in entries], modes, uids, gids, sizes, mtimes)
+        for k in subfolders.tolist():
+            name = entries[k][0]
+            queue.append((-int(numbers[k]) - 1, first + k, path + b"/" + name if path else name))
+        kinds = modes[members] & fmt.TYPE_MASK
+        links = members[kinds == stat.S_IFLNK]
+        for k, target in zip(
+            links.tolist(), ledger.targets_of(ledger.columns["link"].gather(numbers[links])), strict=True
+        ):
+            tree.add_link(first + k, target)
+        files = members[kinds != stat.S_IFLNK]
+        file_members.extend(numbers[files])
+        if linked or ledger.sparse:  # the few files that share an inode or have holes
+            for k in files.tolist():
+                origin = sources.get(int(numbers[k]), int(numbers[k]))
                 if origin in linked:
-                    tree.hard_links.setdefault(origin, []).append(added)
+                    tree.hard_links.setdefault(origin, []).append(first + k)
                 if origin in ledger.sparse:
-                    tree.sparse[added] = ledger.sparse[origin]
-            k += 1
+                    tree.sparse[first + k] = ledger.sparse[origin]
         directory.count = len(tree) - directory.first
-        file_members.extend(np.array(files, dtype=np.int64))
     tree.flush()
     return tree, file_members
 
