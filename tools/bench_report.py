@@ -68,6 +68,7 @@ SECTIONS = (
     Section("bench-archive", "bench_archive", ("bench-archive.json",)),
     Section("bench-archive", "bench_s3_source", ("bench-archive-s3-source.json",)),
     Section("bench-archive", "bench_s3_in_place", ("bench-archive-s3-in-place.json",)),
+    Section("bench-archive", "bench_index_scale", ("bench-archive-scale.json",)),
     Section("bench-node", "bench_node", ("bench-node.json",)),
 )
 
