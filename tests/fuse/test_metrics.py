@@ -15,7 +15,7 @@ from conftest import assert_one_line_error, dlfs, drop_from_memory, is_mounted, 
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlfs.core.protocol import LATENCY_BUCKETS
-from dlfs.fuse.daemon import _from_loop
+from dlfs.fuse.mount_stats import from_thread
 from dlfs.metrics import MetricsEndpoint, StatsCollector, latency_buckets
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -146,7 +146,7 @@ def test_a_stopping_daemon_gives_no_figures_rather_than_zeros() -> None:
         tokens.append(trio.lowlevel.current_trio_token())
 
     trio.run(loop)
-    snapshot = _from_loop(lambda: {"requests": {}}, tokens[0])
+    snapshot = from_thread(lambda: {"requests": {}}, tokens[0])
     with ThreadPoolExecutor(1) as scraper:  # scrapes come on the endpoint's thread
         assert scraper.submit(snapshot).result(timeout=10) is None
     assert list(StatsCollector(snapshot).collect()) == []
