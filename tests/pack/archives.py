@@ -13,7 +13,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, make_odd_tree, mounted, set_times
+from commands import DLFS, assert_one_line_error, dlfs
+from mounts import mounted
+from trees import SMALL_SHARD, make_odd_tree, set_times
 
 from dlfs.core import format as fmt
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import bench_s3_source
 import pytest
-from conftest import TOOLS, tool
+from commands import TOOLS, tool
 
 
 @pytest.mark.parametrize("network", ["loopback", "shaped"])
