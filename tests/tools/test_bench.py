@@ -328,6 +328,7 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
     assert not is_mounted(tmp_path / "mnt")
 
 
+@pytest.mark.slow  # a sweep of every case of the read benchmark: make test-all runs it
 def test_read_benchmark_reports_every_case(tmp_path: Path) -> None:
     """``tools/bench_read.py`` end to end on a small tree: every case, warm and cold, as JSON, and
     each case's files/s and CPU per file as it goes."""

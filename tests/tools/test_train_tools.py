@@ -78,6 +78,7 @@ def test_taking_one_slow_disk_down_leaves_another_throttled(tmp_path: Path) -> N
     assert not rules.parent.exists()
 
 
+@pytest.mark.slow  # a sweep of transform specs, each packed and read for epochs: make test-all runs it
 def test_transform_benchmark_packs_reads_and_compares(tmp_path: Path) -> None:
     """``make bench-transform`` on a tiny photo tree: both packs, three loaders, ratios that add up."""
     out = tool(
