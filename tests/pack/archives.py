@@ -68,7 +68,7 @@ def write_zip(kind: str, src: Path, out: Path) -> Path:
 
 
 def archive_tree(root: Path) -> Path:
-    """The odd tree (``conftest.make_odd_tree``: symlinks absolute, dangling and out of the tree
+    """The odd tree (``trees.make_odd_tree``: symlinks absolute, dangling and out of the tree
     among them) with what archives add: a hard link, a second one to the same file, a name and a
     symlink target past 100 bytes (GNU long names and links, pax path and linkpath)."""
     make_odd_tree(root)
