@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install install-system wheels node-bundle test test-all soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-archive bench-node bench-report clean
+.PHONY: install install-system wheels node-bundle test test-stress test-all soak demo lint format bench bench-scale bench-pack bench-read bench-jobs bench-train bench-loader bench-s3 bench-transform bench-bigindex bench-packmem bench-archive bench-node bench-report clean
 
 # C loops loaded with ctypes: the read-ahead's (dlfs/readahead/_push.c), the directory listings'
 # (dlfs/fuse/_dirents.c) and the native request server's (dlfs/fuse/_server.c). Without them dlfs
@@ -68,6 +68,13 @@ PYTEST := AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
 test: install
 	$(BIN)/ruff check dlfs tests tools
 	$(PYTEST) -m "not slow" --durations=20
+
+# make test under load: the same suite with two processes burning CPU beside it for the whole run
+# (tools/beside-cpu-burners), so that a test which holds only on an idle machine fails here first.
+test-stress: install node-bundle
+	$(BIN)/ruff check dlfs tests tools
+	AWS_EC2_METADATA_DISABLED=true tools/beside-cpu-burners 2 tools/loopback-only $(BIN)/pytest -m "not slow" \
+		--durations=20
 
 test-all: install node-bundle
 	$(BIN)/ruff check dlfs tests tools

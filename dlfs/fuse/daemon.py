@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
-from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS
+from dlfs.core.protocol import CONTROL_NAME
 from dlfs.core.shard_store import shard_store
 from dlfs.core.store import Store, index_copies, is_s3, open_store
 from dlfs.fuse import server as native_server
@@ -34,6 +33,7 @@ from dlfs.fuse.fuse_kernel import FuseKernel, MountListing
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.mount import MountOptions, check_allow_other, check_mountpoint, mount_id, still_mounted
+from dlfs.fuse.mount_stats import MountStats, Snapshot, from_thread
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
 from dlfs.fuse.trio_reader import TrioReader
@@ -65,10 +65,10 @@ async def _serve(
     pages: MountPageCache,
     mount: int | None,
     metrics: MetricsEndpoint | None,
-    stats: Callable[[], dict[str, object]],
+    stats: Callable[[], Snapshot],
 ) -> None:
     if metrics is not None:
-        metrics.start(_from_loop(stats, trio.lowlevel.current_trio_token()))
+        metrics.start(from_thread(stats, trio.lowlevel.current_trio_token()))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
         if mount is not None:
@@ -79,22 +79,6 @@ async def _serve(
             nursery.start_soon(_relay_scans, native, lister)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
-
-
-def _from_loop(
-    stats: Callable[[], dict[str, object]], token: trio.lowlevel.TrioToken
-) -> Callable[[], dict[str, object] | None]:
-    """``stats`` for a scrape, which comes on the endpoint's thread: the counters belong to the
-    event loop, which builds the snapshot between two requests, as for a read of .dlfs/stats.
-    None once the loop has ended (unmounting): no figures rather than zeros that read as a reset."""
-
-    def snapshot() -> dict[str, object] | None:
-        try:
-            return trio.from_thread.run_sync(stats, trio_token=token)
-        except trio.RunFinishedError:
-            return None
-
-    return snapshot
 
 
 async def _let_go_when_unmounted(pages: MountPageCache, mount: int) -> None:
@@ -170,41 +154,14 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
                 pause_after=options.readahead_pause,
             )
         spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
-        requests: Counter[str] = Counter()
-        read_latency = [0] * LATENCY_BUCKETS
         native, missing = _native_server(index, reader, known, options)
         if readahead is not None and (reason := readahead_loop_missing()) is not None:
             missing.append(unavailable("read-ahead loop", reason))
         if native is not None:
             resources.callback(native.close)  # after the unmount: its threads stop with the session
-
-        def stats() -> dict[str, object]:
-            counted = store.stats()
-            return {
-                "requests": dict(requests),
-                "cache": cache.stats(),
-                "storage": {
-                    "reads": reader.storage_reads,
-                    "bytes": reader.storage_bytes,
-                    "waits": reader.storage_waits,
-                    "wait_seconds": round(reader.storage_wait_seconds, 6),
-                },
-                "read_latency_us_log2": list(read_latency),
-                "read_seconds": round(operations.read_seconds, 6),
-                "disk_cache": counted.get("disk_cache"),
-                "store": counted.get("store"),
-                "readahead": readahead.snapshot() if readahead is not None else None,
-                "native": native.counts() if native is not None else None,
-                "listed_folders": lister.listed,
-                # Listings the C threads answered count until the lister has taken them (_relay_scans).
-                "listing_folders": lister.pending + (native.scans_pending() if native is not None else 0),
-                "uptime_seconds": round(time.monotonic() - started, 3),
-            }
-
-        control = ControlTree(index, spec, stats)
-        operations = DlfsOperations(
-            index, reader, control, readahead, lister, known, requests, native, read_latency
-        )
+        stats = MountStats(store, cache, reader, lister, readahead, native, started)
+        control = ControlTree(index, spec, stats.snapshot)
+        operations = DlfsOperations(index, reader, control, readahead, lister, known, stats.answered, native)
         operations.readdirplus_auto = options.readdirplus == "auto"
         metrics = _metrics_endpoint(options)
         if metrics is not None:
@@ -242,7 +199,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         except BrokenPipeError:  # dlfs mount stopped waiting (killed): nobody was told of this mount
             log.warning("dlfs mount stopped waiting for the mount; unmounting %s", mnt)
         else:
-            trio.run(_serve, readahead, native, lister, pages, mount_id(resolved), metrics, stats)
+            trio.run(_serve, readahead, native, lister, pages, mount_id(resolved), metrics, stats.snapshot)
         clean = True
     log.info("unmounted %s", mnt)
 

@@ -17,7 +17,6 @@ import errno
 import os
 import stat
 import time
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -38,11 +37,12 @@ from pyfuse3 import (
 from dlfs.core import format as fmt
 from dlfs.core.errors import DlfsError
 from dlfs.core.index import Attrs, Index
-from dlfs.core.protocol import CONTROL_NAME, LATENCY_BUCKETS, latency_bucket
+from dlfs.core.protocol import CONTROL_NAME, latency_bucket
 from dlfs.fuse import dirents
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
+from dlfs.fuse.mount_stats import RequestCounts
 from dlfs.fuse.server import NativeServer
 from dlfs.fuse.trio_reader import TrioReader
 from dlfs.readahead.engine import ReadAhead
@@ -89,9 +89,8 @@ class DlfsOperations(pyfuse3.Operations):
         readahead: ReadAhead | None = None,
         lister: FolderLister | None = None,
         known: KernelKnowledge | None = None,
-        requests: Counter[str] | None = None,
+        answered: RequestCounts | None = None,
         native: NativeServer | None = None,
-        read_latency: list[int] | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -100,12 +99,8 @@ class DlfsOperations(pyfuse3.Operations):
         self.readahead = readahead
         self.lister = lister
         self.known = known if known is not None else KernelKnowledge(index)
-        #: Requests answered, by kind (and bytes read), for ``.dlfs/stats``.
-        self.requests: Counter[str] = requests if requests is not None else Counter()
-        #: READs of files answered here, by latency (``protocol.latency_bucket``), for ``.dlfs/stats``.
-        self.read_latency = read_latency if read_latency is not None else [0] * LATENCY_BUCKETS
-        #: Their latencies' sum, in seconds (a Prometheus histogram's ``_sum``).
-        self.read_seconds = 0.0
+        #: The requests answered here, counted for ``.dlfs/stats`` (``mount_stats``).
+        self.answered = answered if answered is not None else RequestCounts()
         #: The C threads that answer the hot requests before they reach this object, if running.
         self.native = native
         self._listings = dirents.Encoder(
@@ -159,7 +154,7 @@ class DlfsOperations(pyfuse3.Operations):
         return row
 
     async def lookup(self, parent_inode: InodeT, name: FileNameT, ctx: RequestContext) -> EntryAttributes:
-        self.requests["lookup"] += 1
+        self.answered.requests["lookup"] += 1
         if self.control.owns(parent_inode) or (parent_inode == pyfuse3.ROOT_INODE and name == CONTROL_NAME):
             return await self._control_lookup(parent_inode, name)
         parent = self._check(parent_inode)
@@ -192,7 +187,7 @@ class DlfsOperations(pyfuse3.Operations):
         return await self._control_entry(inode)
 
     async def getattr(self, inode: InodeT, ctx: RequestContext) -> EntryAttributes:
-        self.requests["getattr"] += 1
+        self.answered.requests["getattr"] += 1
         if self.control.owns(inode):
             return await self._control_entry(inode)
         return self._entry(self._check(inode))
@@ -218,7 +213,7 @@ class DlfsOperations(pyfuse3.Operations):
         encoded in one call (``dlfs.fuse.dirents``), for plain READDIR (``token.plus`` false) only names,
         inodes and types; on stock pyfuse3 they go one call each, in small vectorised batches.
         """
-        self.requests["readdir"] += 1
+        self.answered.requests["readdir"] += 1
         if self.control.owns(fh):
             await self._control_readdir(fh, start_id, token)
             return
@@ -312,7 +307,7 @@ class DlfsOperations(pyfuse3.Operations):
         return FileInfo(fh=FileHandleT(inode), keep_cache=True)
 
     async def read(self, fh: FileHandleT, off: int, size: int) -> bytes:
-        self.requests["read"] += 1
+        self.answered.requests["read"] += 1
         if self.control.owns(fh):
             try:
                 return await trio.to_thread.run_sync(self.control.read, fh, off, size)
@@ -329,10 +324,10 @@ class DlfsOperations(pyfuse3.Operations):
             data = await self.reader.read(row, off, size)
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
-        self.requests["read_bytes"] += len(data)
+        self.answered.requests["read_bytes"] += len(data)
         took = time.perf_counter() - started
-        self.read_latency[latency_bucket(took)] += 1
-        self.read_seconds += took
+        self.answered.read_latency[latency_bucket(took)] += 1
+        self.answered.read_seconds += took
         return data
 
     async def release(self, fh: FileHandleT) -> None:
@@ -346,7 +341,7 @@ class DlfsOperations(pyfuse3.Operations):
         them."""
         if not inode_list:
             return
-        self.requests["forget"] += len(inode_list)
+        self.answered.requests["forget"] += len(inode_list)
         self.control.forget([inode for inode, _ in inode_list if self.control.is_volatile(inode)])
         rows = np.fromiter((inode for inode, _ in inode_list), dtype=np.int64) - pyfuse3.ROOT_INODE
         rows = rows[(rows >= 0) & (rows < self.index.count)]

@@ -10,7 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, dlfs, mounted
+from commands import assert_one_line_error, dlfs
+from mounts import mounted
 
 #: Each command that takes a dataset, with what follows it.
 COMMANDS = {"info": [], "ls": [], "verify": [], "mount": ["{mnt}"]}

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from index_bytes import with_meta
 
 from dlfs.core import format as fmt
-from dlfs.core.index import Index
 
 Arrays = dict[str, np.ndarray]
 Meta = dict[str, Any]
@@ -32,12 +32,6 @@ def make_small_tree(root: Path) -> Path:
     return root
 
 
-def load(raw: bytes) -> Index:
-    """What ``Index.load`` does with the bytes of an index file, without a store."""
-    decoded = fmt.decode_index(memoryview(raw), "crafted/index.dlfs")
-    return Index(decoded.meta, decoded.arrays, "crafted/index.dlfs")
-
-
 def decode(raw: bytes) -> tuple[Arrays, Meta]:
     """Writable copies of an index's columns, and its metadata without the section table."""
     decoded = fmt.decode_index(memoryview(raw), "valid")
@@ -51,25 +45,6 @@ def renamed(arrays: Arrays, names: dict[int, bytes]) -> None:
     parts = [names.get(row, blob[off[row] : off[row + 1]]) for row in range(off.size - 1)]
     arrays["name_off"] = np.concatenate(([0], np.cumsum([len(p) for p in parts]))).astype(np.uint64)
     arrays["names"] = np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
-
-
-def reseal(raw: bytes | bytearray) -> bytes:
-    """Make the header's length and the trailer agree with the bytes, as a careful forger would."""
-    out = bytearray(raw[: len(raw) - fmt.TRAILER.size])
-    magic, version, reserved, meta_offset, meta_length, _ = fmt.INDEX_HEADER.unpack_from(out)
-    length = len(out) + fmt.TRAILER.size
-    out[: fmt.INDEX_HEADER.size] = fmt.INDEX_HEADER.pack(
-        magic, version, reserved, meta_offset, meta_length, length
-    )
-    return bytes(out + fmt.TRAILER.pack(fmt.checksum(out)))
-
-
-def with_meta(raw: bytes, body: bytes) -> bytes:
-    """The index with its metadata replaced by ``body`` (any bytes), resealed."""
-    _, _, _, meta_offset, _, _ = fmt.INDEX_HEADER.unpack_from(raw)
-    out = bytearray(raw[:meta_offset] + body + bytes(fmt.TRAILER.size))
-    fmt.INDEX_HEADER.pack_into(out, 0, fmt.INDEX_MAGIC, fmt.FORMAT_VERSION, 0, meta_offset, len(body), 0)
-    return reseal(out)
 
 
 def edit_sections(raw: bytes, change: Callable[[dict[str, list[int]]], None]) -> bytes:

@@ -26,20 +26,18 @@ from crafted_index import (
     decode,
     edit_sections,
     links_blob,
-    load,
     lz4_huge,
     make_small_tree,
     past_shard,
     rename,
-    reseal,
     same_bytes,
     set_meta,
     set_table,
     set_value,
     sparse_x,
-    with_meta,
     wrapping,
 )
+from index_bytes import load, reseal, with_meta
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError

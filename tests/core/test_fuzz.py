@@ -25,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_sound, fuzz_examples, fuzz_settings
+from fuzzing import fuzz_examples, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
-from test_bad_index import load, reseal, with_meta
+from index_bytes import load, reseal, with_meta
+from index_checks import assert_sound
 
 from dlfs.core import archive_meta
 from dlfs.core import format as fmt

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import drop_from_memory
+from page_cache import drop_from_memory
 
 from dlfs.core import libc
 from dlfs.core.errors import DatasetError

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DLFS, assert_one_line_error, dlfs, drop_from_memory, wait_until
+from commands import DLFS, assert_one_line_error, dlfs
+from page_cache import drop_from_memory
+from waits import wait_for
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
@@ -148,10 +150,16 @@ def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed_on_disk: Path, odd_
         collector = threading.Thread(target=lambda: lines.extend(map(json.loads, watching.stdout or ())))
         collector.start()
         try:
-            assert wait_until(lambda: len(lines) >= 2), "no rates printed"
+            wait_for(
+                lambda: len(lines) >= 2, "two lines of rates from dlfs stats --watch", seen=lambda: lines
+            )
             for path in sorted((odd_tree / "classes" / "n00000000").iterdir()):
                 (mnt / "classes" / "n00000000" / path.name).read_bytes()
-            assert wait_until(lambda: any(line["reads_per_s"] > 0 for line in lines)), lines
+            wait_for(
+                lambda: any(line["reads_per_s"] > 0 for line in lines),
+                "a rate of reads above 0",
+                seen=lambda: lines,
+            )
         finally:
             watching.terminate()
             watching.wait(timeout=10)

@@ -17,39 +17,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
-    DLFS,
-    assert_one_line_error,
-    dlfs,
-    is_mounted,
-    mount_pid,
-    mounted,
-    pid_alive,
-    unmount_and_reap,
-    wait_until,
-)
-from test_mount import _daemon_of
-from test_soak import finish_readers, pack_soak_dataset, start_readers
+from commands import DLFS, assert_one_line_error, dlfs
+from footprint import peak_resident
+from mounts import daemon_of, is_mounted, mount_pid, mount_stats, mounted, unmount_and_reap
+from readers import finish_readers, start_readers
+from waits import alive, wait_exited, wait_for
 
 from dlfs.core import memory
 
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def soak_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return pack_soak_dataset(tmp_path_factory.mktemp("faults"))
-
-
 def _reads_answered(mnt: Path) -> int:
-    stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+    stats = mount_stats(mnt)
     return stats["requests"].get("read", 0) + ((stats.get("native") or {}).get("answered", {}).get("read", 0))
 
 
-def _reading(mnt: Path, reads: int) -> bool:
-    """The readers are under way: ``reads`` more READs reached the daemon since they started."""
+def _wait_reading(mnt: Path, reads: int) -> None:
+    """Until the readers are under way: ``reads`` more READs reached the daemon from now."""
     start = _reads_answered(mnt)
-    return wait_until(lambda: _reads_answered(mnt) >= start + reads, 30)
+    wait_for(lambda: _reads_answered(mnt) >= start + reads, f"the readers' first {reads} READs")
 
 
 def test_sigkill_with_16_readers_mid_read_fails_each_at_once_and_a_new_mount_recovers(
@@ -59,10 +46,10 @@ def test_sigkill_with_16_readers_mid_read_fails_each_at_once_and_a_new_mount_rec
     work = tmp_path / "work"
     died_at = work / "died-at"
     with mounted(dataset, tmp_path / "mnt") as mnt:
-        pid = _daemon_of(mnt)
+        pid = daemon_of(mnt)
         jobs = [[{"role": "until-error", "seed": 4 * p + t} for t in range(4)] for p in range(4)]
         readers = start_readers(mnt, expected, work, jobs, died_at=str(died_at))
-        assert _reading(mnt, 500)
+        _wait_reading(mnt, 500)
         (work / "died-at.tmp").write_text(repr(time.time()))
         (work / "died-at.tmp").rename(died_at)
         os.kill(pid, signal.SIGKILL)
@@ -84,35 +71,37 @@ def test_sigkill_with_16_readers_mid_read_fails_each_at_once_and_a_new_mount_rec
             assert finish_readers(survivors, 30)[0]["error_count"] == 0
         finally:
             dlfs("umount", mnt)
-            assert wait_until(lambda: not pid_alive(mount_pid(again)), 15)
+            wait_exited(mount_pid(again), "the second daemon after dlfs umount")
 
 
 def test_umount_while_reads_are_in_flight_is_refused_busy_and_lazy_detaches(
     soak_dataset: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """16 reader threads in 4 processes keep files open: a plain unmount is refused within a few
-    seconds in one line naming them; ``--lazy`` detaches at once, reads of files already open
-    finish with the right bytes, new opens find the empty mountpoint (ENOENT), and the daemon
-    exits once the last file is closed. Nothing hangs."""
+    """16 reader threads in 4 processes keep files open: a plain unmount is refused in one line
+    naming them; ``--lazy`` detaches at once, reads of files already open finish with the right
+    bytes, new opens find the empty mountpoint (ENOENT), and the daemon exits once the last file is
+    closed. Nothing hangs: the refusal and the detaching both come while the readers still read,
+    so neither waited for their files."""
     dataset, expected = soak_dataset
     with mounted(dataset, tmp_path / "mnt") as mnt:
-        pid = _daemon_of(mnt)
+        pid = daemon_of(mnt)
         jobs = [[{"role": "random", "seed": 4 * p + t} for t in range(4)] for p in range(4)]
         readers = start_readers(mnt, expected, tmp_path / "work", jobs, deadline=time.time() + 20)
-        assert _reading(mnt, 500)
-        started = time.monotonic()
-        busy = dlfs("umount", mnt, check=False, timeout=30)
+        _wait_reading(mnt, 500)
+        busy = dlfs("umount", mnt, check=False, timeout=60)
         assert_one_line_error(busy, "busy", "--lazy", "used by pid", "(python")
-        assert time.monotonic() - started < 10
+        assert all(process.poll() is None for process, _ in readers), "the refusal waited for the readers"
         assert is_mounted(mnt)
-        started = time.monotonic()
-        dlfs("umount", "--lazy", mnt, timeout=30)
-        assert time.monotonic() - started < 5 and not is_mounted(mnt)
+        dlfs("umount", "--lazy", mnt, timeout=60)
+        assert not is_mounted(mnt)
+        assert all(process.poll() is None for process, _ in readers), (
+            "the lazy unmount waited for the readers"
+        )
         results = finish_readers(readers, 60)
         for result in results:
             assert result["files"] > 0 and result["mismatches"] == 0, result
             assert set(result.get("errnos", {})) <= {str(errno.ENOENT)}, result
-        assert wait_until(lambda: not pid_alive(pid), 15), "the daemon outlived its lazily unmounted mount"
+        wait_exited(pid, "the daemon after its mount was detached and the last file closed")
 
 
 def test_budgets_larger_than_the_machine_are_clamped_at_mount_with_one_line(
@@ -130,11 +119,11 @@ def test_budgets_larger_than_the_machine_are_clamped_at_mount_with_one_line(
             warnings
         )
         assert warnings[0].split("dlfs: warning: ")[1] in log_file.read_text()
-        cache = json.loads((mnt / ".dlfs" / "stats").read_bytes())["cache"]
+        cache = mount_stats(mnt)["cache"]
         assert 0 < cache["budget"] <= memory.available().bytes, cache
     finally:
         dlfs("umount", mnt)
-        assert wait_until(lambda: not pid_alive(mount_pid(result)), 15)
+        wait_exited(mount_pid(result), "the daemon after dlfs umount")
 
 
 #: 16 reader threads in 4 processes: two published orders and two at random in each.
@@ -185,7 +174,7 @@ def memory_cgroup() -> Iterator[tuple[Path, str]]:
         (group / limit).write_text(str(CGROUP_LIMIT))
         yield group, events
     finally:
-        assert wait_until(lambda: not _text(group / "cgroup.procs").strip(), 15)
+        wait_for(lambda: not _text(group / "cgroup.procs").strip(), f"the processes of {group} to end")
         group.rmdir()
 
 
@@ -215,22 +204,14 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
         results = finish_readers(readers, 90)
         assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
         assert sum(r["files"] for r in results) > 1000
-        assert pid_alive(pid)
+        assert alive(pid)
         assert re.search(r"^oom_kill 0$", _text(group / events), re.MULTILINE), _text(group / events)
-        cache = json.loads((mnt / ".dlfs" / "stats").read_bytes())["cache"]
+        cache = mount_stats(mnt)["cache"]
         assert cache["budget"] < CGROUP_LIMIT // 4, cache
     finally:
-        exited = unmount_and_reap(mnt, pid)
+        stuck = unmount_and_reap(mnt, pid)
         assert "Traceback" not in log_file.read_text()
-    assert exited, "the daemon outlived the unmount"
-
-
-def _peak_resident(pid: int) -> int:
-    """The most resident memory process ``pid`` has had (``VmHWM``), in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) << 10
-    raise AssertionError(f"no VmHWM for pid {pid}")
+    assert stuck is None, f"the daemon outlived the unmount: {stuck}"
 
 
 def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
@@ -253,11 +234,11 @@ def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
         readers = start_readers(mnt, expected, tmp_path / "work", MIXED_READERS, deadline=time.time() + 10)
         results = finish_readers(readers, 90)
         assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
-        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        stats = mount_stats(mnt)
         assert stats["cache"]["evictions"] > 0, stats["cache"]  # it filled, and more
-        peak = _peak_resident(pid)
+        peak = peak_resident(pid)
         assert peak <= limit, f"peak RSS {peak >> 20} MiB over --memory-limit {limit >> 20} MiB"
     finally:
-        exited = unmount_and_reap(mnt, pid)
+        stuck = unmount_and_reap(mnt, pid)
         assert "Traceback" not in log_file.read_text()
-    assert exited, "the daemon outlived the unmount"
+    assert stuck is None, f"the daemon outlived the unmount: {stuck}"

@@ -7,7 +7,7 @@ import logging
 import subprocess
 
 import pytest
-from conftest import DLFS
+from commands import DLFS
 
 from dlfs import __version__
 from dlfs.fuse.features import CONSEQUENCES, log_pyfuse3_features

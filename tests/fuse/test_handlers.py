@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_SHARD, flip_byte, payload_place
+from damage import flip_byte, payload_place
+from trees import SMALL_SHARD
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index

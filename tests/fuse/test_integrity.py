@@ -17,15 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
-    SMALL_SHARD,
-    assert_one_line_error,
-    dlfs,
-    find_listing,
-    flip_byte,
-    is_mounted,
-    payload_place,
-)
+from commands import assert_one_line_error, dlfs
+from damage import flip_byte, payload_place
+from mounts import is_mounted
+from trees import SMALL_SHARD, find_listing
 
 from dlfs.core import format as fmt
 from dlfs.pack import PackOptions, pack

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from conftest import wait_until
+from waits import HANG, bound, wait_for
 
 from dlfs.core.index import Index
 from dlfs.core.store import open_store
@@ -26,17 +26,19 @@ def test_a_folder_is_listed_once_after_enough_misses_and_again_once_forgotten(pa
     lister = FolderLister(index, reveal, misses=3)
     for _ in range(2):
         lister.looked_up(many)
-    assert not done.acquire(timeout=0.2) and listed == []
+    assert lister.pending == 0 and listed == [], "two misses queue no listing"
     for _ in range(5):  # the third miss lists it; later ones are answered by the kernel, or ignored
         lister.looked_up(many)
-    assert done.acquire(timeout=5) and listed == [many]
-    assert not done.acquire(timeout=0.2)
+    assert done.acquire(timeout=bound(HANG)), "the folder was never listed"
+    wait_for(lambda: lister.pending == 0, "the lister's queue to empty")
+    assert listed == [many]
 
     lister.forgotten([many])
     for _ in range(3):
         lister.looked_up(many)
-    assert done.acquire(timeout=5) and listed == [many, many]
-    assert wait_until(lambda: lister.listed == 2, 5)
+    assert done.acquire(timeout=bound(HANG)), "the forgotten folder was never listed again"
+    wait_for(lambda: lister.listed == 2, "the lister to count its second listing")
+    assert listed == [many, many]
 
 
 def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> None:
@@ -55,7 +57,7 @@ def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> N
     idle = FolderLister(index, reveal, after_scans=False)  # no read-ahead: nobody needs the inodes
     for row in folders:
         idle.scanned(row)
-    assert not wait_until(lambda: bool(listed), 0.2), "listed without a read-ahead to serve"
+    assert idle.pending == 0 and listed == [], "listed without a read-ahead to serve"
 
     lister = FolderLister(index, reveal)
     assert lister.reveal_once(folders[1]) and not lister.reveal_once(folders[1])
@@ -63,16 +65,16 @@ def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> N
         if row != folders[-1]:
             lister.scanned(row)
     lister.scanned(folders[0])  # listed twice: still one folder
-    assert not wait_until(lambda: len(listed) > 1, 0.2), "a partial scan lists nothing"
+    assert lister.pending == 0 and len(listed) == 1, "a partial scan lists nothing"
     lister.scanned(folders[-1])
-    assert wait_until(lambda: lister.pending == 0 and len(listed) == len(folders), 5), listed
+    wait_for(lambda: lister.pending == 0, "the relisting of the whole tree to end")
     assert sorted(listed) == folders and lister.listed == len(folders) - 1
 
     lister.forgotten([folders[0]])
     for row in folders:
         lister.scanned(row)
-    assert wait_until(lambda: lister.pending == 0 and len(listed) == len(folders) + 1, 5), listed
-    assert listed.count(folders[0]) == 2 and not wait_until(lambda: len(listed) > len(folders) + 1, 0.2)
+    wait_for(lambda: lister.pending == 0, "the relisting of the forgotten folder to end")
+    assert len(listed) == len(folders) + 1 and listed.count(folders[0]) == 2, listed
 
 
 def test_a_folder_being_listed_is_waited_for_not_listed_again(packed: Path) -> None:
@@ -85,18 +87,18 @@ def test_a_folder_being_listed_is_waited_for_not_listed_again(packed: Path) -> N
     def reveal(row: int) -> None:
         listed.append(row)
         started.set()
-        assert release.wait(5)
+        assert release.wait(bound(HANG))
 
     lister = FolderLister(index, reveal)
     first = threading.Thread(target=lister.reveal_once, args=(many,))
     first.start()
-    assert started.wait(5)
+    assert started.wait(bound(HANG))
     second: list[bool] = []
     waiter = threading.Thread(target=lambda: second.append(lister.reveal_once(many)))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive(), "the second caller waits for the listing in progress"
     release.set()
-    first.join(5)
-    waiter.join(5)
+    first.join(bound(HANG))
+    waiter.join(bound(HANG))
     assert second == [False] and listed == [many]

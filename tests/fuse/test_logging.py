@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import DLFS, assert_one_line_error, dlfs, force_unmount, is_mounted, wait_until, write
+from commands import DLFS, assert_one_line_error, dlfs
+from mounts import force_unmount, is_mounted
+from trees import write
+from waits import HANG, bound, wait_for
 
 from dlfs.logs import JournalFormatter
 
@@ -55,11 +58,12 @@ def test_under_systemd_lines_carry_their_priority_and_no_time_of_their_own(
             env=journal_env(journal),
         )
     try:
-        assert wait_until(lambda: is_mounted(mnt), 60)
+        wait_for(lambda: is_mounted(mnt) or daemon.poll() is not None, "the daemon to mount", 60)
+        assert is_mounted(mnt), f"the daemon exited {daemon.returncode} before it mounted"
     finally:
         force_unmount(mnt)
         try:
-            daemon.wait(timeout=30)
+            daemon.wait(timeout=bound(HANG))
         finally:
             daemon.kill()
     lines = journal.read_text().splitlines()

@@ -2,46 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import socket
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import trio
-from conftest import assert_one_line_error, dlfs, drop_from_memory, is_mounted, wait_until
-from prometheus_client.parser import text_string_to_metric_families
+from commands import assert_one_line_error, dlfs
+from mounts import is_mounted, mount_stats
+from page_cache import drop_from_memory
+from scrapes import Samples, scrape, value
+from seaweed import free_ports
+from waits import wait_for
 
 from dlfs.core.protocol import LATENCY_BUCKETS
-from dlfs.fuse.daemon import _from_loop
+from dlfs.fuse.mount_stats import from_thread
 from dlfs.metrics import MetricsEndpoint, StatsCollector, latency_buckets
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        return parse(reply.read().decode())
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
 
 
 def histogram(samples: Samples, server: str) -> list[float]:
@@ -70,13 +47,13 @@ def test_a_scrape_gives_the_counters_of_dlfs_stats(
     ``.dlfs/stats``, which reading the stats file does not change (it counts READs of files only)."""
     for shard in packed_on_disk.glob("*.shard"):
         drop_from_memory(shard)  # so that Python's reads wait for storage
-    port = free_port()
+    (port,) = free_ports(1)
     with mount(packed_on_disk, "--native-threads", native_threads, "--metrics-port", str(port)) as mnt:
         for path in sorted((odd_tree / "many").iterdir())[:60]:
             assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
         # The daemon's own listings (of folders read by name) finish first: then nothing moves.
-        assert wait_until(lambda: json.loads((mnt / ".dlfs" / "stats").read_bytes())["listing_folders"] == 0)
-        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        wait_for(lambda: mount_stats(mnt)["listing_folders"] == 0, "the daemon's own listings to end")
+        stats = mount_stats(mnt)
         samples = scrape(port)
     python = stats["read_latency_us_log2"]
     assert value(samples, "dlfs_reads_total", server="python") == sum(python)
@@ -146,7 +123,7 @@ def test_a_stopping_daemon_gives_no_figures_rather_than_zeros() -> None:
         tokens.append(trio.lowlevel.current_trio_token())
 
     trio.run(loop)
-    snapshot = _from_loop(lambda: {"requests": {}}, tokens[0])
+    snapshot = from_thread(lambda: {"requests": {}}, tokens[0])
     with ThreadPoolExecutor(1) as scraper:  # scrapes come on the endpoint's thread
         assert scraper.submit(snapshot).result(timeout=10) is None
     assert list(StatsCollector(snapshot).collect()) == []

@@ -10,7 +10,8 @@ from pathlib import Path
 import pyfuse3
 import pytest
 import trio
-from conftest import drop_from_memory, write
+from page_cache import drop_from_memory
+from trees import write
 
 from dlfs.core import cache as cache_module
 from dlfs.core import reader as reader_module

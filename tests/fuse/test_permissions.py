@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import as_user, mounted
+from mounts import mounted
+from users import as_user
 
 from dlfs.pack import PackOptions, pack
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
-from conftest import drop_from_memory
+from page_cache import drop_from_memory
 
 from dlfs.core.libc import cached_pages
 from dlfs.readahead.native import LIBRARY, NativePusher

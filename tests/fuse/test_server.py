@@ -18,17 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import (
-    dlfs,
-    drop_from_memory,
-    flip_byte,
-    is_mounted,
-    mount_pid,
-    payload_place,
-    pid_alive,
-    wait_until,
-    write,
-)
+from commands import dlfs
+from damage import flip_byte, payload_place
+from mounts import is_mounted, mount_pid, mount_stats
+from page_cache import drop_from_memory
+from trees import write
+from waits import HANG, alive, bound, wait_exited, wait_for
 
 from dlfs.core.libc import cached_pages
 from dlfs.core.protocol import LATENCY_BUCKETS
@@ -38,7 +33,7 @@ READERS = 16
 
 
 def native_stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".dlfs" / "stats").read_bytes())["native"]
+    return mount_stats(mnt)["native"]
 
 
 def files_under(root: Path) -> list[Path]:
@@ -135,11 +130,9 @@ def test_c_and_python_answer_alike(odd_tree: Path, packed: Path, mount) -> None:
     assert counts.get("readdir", 0) + counts.get("readdirplus", 0) >= folders
 
 
-def test_lz4_files_and_files_of_several_reads_come_whole(odd_tree: Path, tmp_path: Path, mount) -> None:
-    dst = tmp_path / "lz4"
-    dlfs("pack", odd_tree, dst, "--compress", "lz4", "--shard-size", "64K")
+def test_lz4_files_and_files_of_several_reads_come_whole(odd_tree: Path, pack_and_mount) -> None:
     names = ["compressible.txt", "random.bin", "larger-than-a-shard.bin"]  # 100 KB, 328 KB: several READs
-    with mount(dst) as mnt:
+    with pack_and_mount(odd_tree, pack=("--compress", "lz4", "--shard-size", "64K")) as mnt:
         with ThreadPoolExecutor(8) as pool:
             for name, data in zip(names, pool.map(lambda n: (mnt / n).read_bytes(), names * 8), strict=False):
                 assert data == (odd_tree / name).read_bytes()
@@ -185,7 +178,7 @@ def test_the_control_tree_works_while_c_threads_serve(odd_tree: Path, packed: Pa
         try:
             order = (mnt / ".dlfs" / "order" / "epoch-0").read_bytes().splitlines()
             config = (mnt / ".dlfs" / "config").read_bytes()
-            stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+            stats = mount_stats(mnt)
         finally:
             stop.set()
         assert all(f.result(timeout=60) >= 1 for f in busy)
@@ -199,7 +192,7 @@ def test_after_an_order_is_announced_reads_reach_the_read_ahead(odd_tree: Path, 
         before = native_stats(mnt)["forwarded"].get("read", 0)
         for line in order[:40]:
             assert (mnt / os.fsdecode(line)).read_bytes() == (odd_tree / os.fsdecode(line)).read_bytes()
-        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        stats = mount_stats(mnt)
     assert stats["readahead"]["used_files"] + stats["native"]["forwarded"].get("read", 0) - before > 0
 
 
@@ -228,27 +221,30 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
     reading = [tmp_path / f"reading-{k}" for k in range(6)]
     readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt), str(path)]) for path in reading]
     try:
-        assert wait_until(lambda: all(path.exists() for path in reading), 30), "a reader never got going"
+        wait_for(lambda: all(path.exists() for path in reading), "every reader to get going")
         assert native_stats(mnt)["answered"]["read"] > 0
         if stop == "umount":
             dlfs("umount", "--lazy", mnt, timeout=30)  # they hold it busy: only a lazy one goes
         else:
             os.kill(pid, signal.SIGTERM)
-        assert wait_until(lambda: all(r.poll() is not None for r in readers), 20), "a reader hangs"
-        assert wait_until(lambda: not pid_alive(pid), 20), "the daemon lives on"
+        for r in readers:
+            r.wait(timeout=bound(HANG))  # a reader that hangs fails here
+        wait_exited(pid, f"the daemon after its {stop}")
         assert not is_mounted(mnt)
     finally:
         for r in readers:
             r.kill()
             r.wait()
         subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, check=False)
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
     log_text = (tmp_path / "mount.log").read_text()
     assert "Traceback" not in log_text and "failed to unmount" not in log_text, log_text
 
 
 @pytest.mark.parametrize("region", ["1M", "0"])
 def test_a_file_read_from_storage_brings_its_shard_region_into_memory(
-    on_disk: Path, mount, region: str
+    on_disk: Path, pack_and_mount, region: str
 ) -> None:
     """With no published order, a file the C threads read from storage makes the kernel read the
     whole region of the shard around it, so its neighbours cost the disk no seek of their own."""
@@ -256,10 +252,9 @@ def test_a_file_read_from_storage_brings_its_shard_region_into_memory(
     for k in range(64):  # 64 files of 32 KiB, stored back to back: 2 MiB of shard
         write(src / "cls" / f"{k:03d}.JPEG", bytes([k]) * (32 << 10))
     dataset = on_disk / "dataset"
-    dlfs("pack", src, dataset)
-    shard = next(dataset.glob("*.shard"))
-    _, offset, _ = payload_place(dataset, "cls/010.JPEG")
-    with mount(dataset, "--region-ahead", region) as mnt:
+    with pack_and_mount(src, "--region-ahead", region, dataset=dataset) as mnt:
+        shard = next(dataset.glob("*.shard"))
+        _, offset, _ = payload_place(dataset, "cls/010.JPEG")
         drop_from_memory(shard)
         assert (mnt / "cls" / "010.JPEG").read_bytes() == bytes([10]) * (32 << 10)
         fd = os.open(shard, os.O_RDONLY)
@@ -283,12 +278,11 @@ def test_forgets_reach_python_gathered(odd_tree: Path, packed: Path, mount) -> N
         for p in files:
             os.lstat(mnt / p)  # the kernel learns an inode per file
         Path("/proc/sys/vm/drop_caches").write_text("2\n")  # and forgets them
-        assert wait_until(
-            lambda: (
-                json.loads((mnt / ".dlfs" / "stats").read_bytes())["requests"].get("forget", 0) >= len(files)
-            )
+        wait_for(
+            lambda: mount_stats(mnt)["requests"].get("forget", 0) >= len(files),
+            f"FORGETs of all {len(files)} files to reach Python",
         )
-        stats = json.loads((mnt / ".dlfs" / "stats").read_bytes())
+        stats = mount_stats(mnt)
     answered = stats["native"]["answered"]
     assert answered.get("forget", 0) + answered.get("batch_forget", 0) > 0
     assert "forget" not in stats["native"]["forwarded"] and "batch_forget" not in stats["native"]["forwarded"]

@@ -7,26 +7,20 @@ must come back to what they were. Read latency percentiles are printed and recor
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import xxhash
-from conftest import mounted, wait_until
-from test_mount import _daemon_of
+from footprint import PeakRss, counts
+from mounts import daemon_of, mount_stats, mounted
+from readers import finish_readers, start_readers
+from waits import wait_for
 
-from dlfs.pack import PackOptions, pack
 from dlfs.readahead.buffers import REUSED_BUFFER
 
 SECONDS = float(os.environ.get("DLFS_SOAK_SECONDS", "60"))
-READER = Path(__file__).with_name("soak_reader.py")
 PROCESSES, THREADS = 8, 8
 CACHE_SIZE, PREFETCH_BUDGET = 32 << 20, 32 << 20
 #: The read-ahead's read buffers: one per batch in flight (16 by default), allocated as they go.
@@ -37,73 +31,6 @@ READ_BUFFERS = 16 * REUSED_BUFFER
 FIXED_OVERHEAD = 128 << 20
 
 pytestmark = pytest.mark.timeout(SECONDS + 240)
-
-
-def make_dataset(root: Path, folders: int = 25, per_folder: int = 100, seed: int = 25) -> dict[str, list]:
-    """Files of 4-200 KB (log-uniform, as photos are) in class folders; their sizes and xxh3-64."""
-    rng = random.Random(seed)
-    expected = {}
-    for folder in range(folders):
-        for k in range(per_folder):
-            relpath = f"n{folder:08d}/n{folder:08d}_{k:04d}.JPEG"
-            data = rng.randbytes(int(math.exp(rng.uniform(math.log(4 << 10), math.log(200 << 10)))))
-            path = root / relpath
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-            expected[relpath] = [len(data), xxhash.xxh3_64_hexdigest(data)]
-    return expected
-
-
-def pack_soak_dataset(root: Path) -> tuple[Path, Path]:
-    """(dataset, expected.json) of 2,500 files, ~125 MB: twice the soak's two budgets together."""
-    expected = make_dataset(root / "src")
-    pack(root / "src", root / "dataset", PackOptions(shard_size=16 << 20, progress=False))
-    (root / "expected.json").write_text(json.dumps(expected))
-    return root / "dataset", root / "expected.json"
-
-
-@pytest.fixture(scope="module")
-def soak_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return pack_soak_dataset(tmp_path_factory.mktemp("soak"))
-
-
-def start_readers(mnt: Path, expected: Path, work: Path, jobs: list[list[dict]], **extra) -> list[tuple]:
-    """One ``soak_reader.py`` process per list of thread jobs; returns (process, result path) pairs
-    once every process has its threads started. Specs and results go under ``work``."""
-    work.mkdir(exist_ok=True)
-    started = []
-    for k, threads in enumerate(jobs):
-        spec = {
-            "mount": str(mnt),
-            "expected": str(expected),
-            "threads": threads,
-            "ready": str(work / f"ready-{k}"),
-            "result": str(work / f"result-{k}.json"),
-            **extra,
-        }
-        (work / f"spec-{k}.json").write_text(json.dumps(spec))
-        process = subprocess.Popen([sys.executable, str(READER), str(work / f"spec-{k}.json")])
-        started.append((process, work / f"result-{k}.json"))
-    assert wait_until(lambda: all((work / f"ready-{k}").exists() for k in range(len(jobs))), 60)
-    return started
-
-
-def finish_readers(started: list[tuple], timeout: float) -> list[dict]:
-    """Every reader thread's result; a process still running after ``timeout`` is killed and fails."""
-    results = []
-    deadline = time.monotonic() + timeout
-    for process, result in started:
-        try:
-            code = process.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            raise AssertionError(
-                f"reader process {process.pid} still running after {timeout:.0f} s"
-            ) from None
-        assert code == 0, f"reader process {process.pid} exited {code}"
-        results.extend(json.loads(result.read_text()))
-    return results
 
 
 def soak_jobs(processes: int, threads: int) -> list[list[dict]]:
@@ -125,40 +52,6 @@ def soak_jobs(processes: int, threads: int) -> list[list[dict]]:
     return [kinds[p::processes] for p in range(processes)]
 
 
-def _status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/{pid}/status")
-
-
-def counts(pid: int) -> tuple[int, int]:
-    """(open descriptors, threads) of a process."""
-    return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
-
-
-class PeakRss:
-    """The highest RSS a process reached, sampled every 50 ms on a thread of its own."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.05):
-            self.peak = max(self.peak, _status(self.pid, "VmRSS") << 10)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def percentiles(latencies: list[float]) -> dict[str, float]:
     ordered = sorted(latencies)
     return {
@@ -167,13 +60,9 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def _stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".dlfs" / "stats").read_bytes())
-
-
 def _quiet(mnt: Path) -> bool:
     """Nothing in flight: no batch fetching, no folder being listed."""
-    stats = _stats(mnt)
+    stats = mount_stats(mnt)
     return stats["listing_folders"] == 0 and not (stats["readahead"] or {}).get("inflight")
 
 
@@ -181,7 +70,7 @@ def _quiet(mnt: Path) -> bool:
 def soak_mount(soak_dataset: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[Path, int]]:
     flags = ("--cache-size", str(CACHE_SIZE), "--readahead-budget", str(PREFETCH_BUDGET))
     with mounted(soak_dataset[0], tmp_path / "mnt", *flags) as mnt:
-        yield mnt, _daemon_of(mnt)
+        yield mnt, daemon_of(mnt)
 
 
 def test_soak_64_readers_two_epochs_nothing_fails_leaks_or_outgrows_its_budgets(
@@ -197,7 +86,7 @@ def test_soak_64_readers_two_epochs_nothing_fails_leaks_or_outgrows_its_budgets(
     # (its private view of the mount, each shard's O_DIRECT descriptor), and those are no leak.
     warm_up = start_readers(mnt, expected, tmp_path / "warm-up", soak_jobs(2, 32), deadline=time.time() + 5)
     assert sum(result["error_count"] for result in finish_readers(warm_up, 60)) == 0
-    assert wait_until(lambda: _quiet(mnt), 30)
+    wait_for(lambda: _quiet(mnt), "the warm-up's read-ahead and listings to end")
     before = counts(pid)
     work = tmp_path / "work"
     with PeakRss(pid) as rss:
@@ -208,10 +97,12 @@ def test_soak_64_readers_two_epochs_nothing_fails_leaks_or_outgrows_its_budgets(
     errors = [error for result in results for error in result["errors"]]
     assert sum(result["error_count"] for result in results) == 0, errors
     assert all(result["files"] or result["stats"] for result in results), "a reader did nothing"
-    assert wait_until(lambda: _quiet(mnt), 30)
+    wait_for(lambda: _quiet(mnt), "the soak's read-ahead and listings to end")
     # Worker threads the daemon started under load end once idle (trio's after 10 s).
-    assert wait_until(lambda: counts(pid)[0] <= before[0] and counts(pid)[1] <= before[1], 30), (
-        f"descriptors and threads {before} before, {counts(pid)} after"
+    wait_for(
+        lambda: counts(pid)[0] <= before[0] and counts(pid)[1] <= before[1],
+        f"descriptors and threads back to {before}",
+        seen=lambda: counts(pid),
     )
     after = counts(pid)
     bound = CACHE_SIZE + PREFETCH_BUDGET + READ_BUFFERS + FIXED_OVERHEAD

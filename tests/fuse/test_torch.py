@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import dlfs
+from commands import dlfs
+from mounts import mount_stats
 from PIL import Image
+from seaweed import free_ports
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
@@ -137,10 +138,6 @@ def train_and_val(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "dataset"
 
 
-def _stats(mnt: Path) -> dict:
-    return json.loads((mnt / ".dlfs" / "stats").read_text())
-
-
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_every_rank_gets_an_equal_share_of_a_dataset_rooted_beside_another(
     train_and_val: Path, mount, drop_last: bool
@@ -166,7 +163,7 @@ def test_every_rank_gets_an_equal_share_of_a_dataset_rooted_beside_another(
                     assert len(set(combined)) == len(combined) == per_rank * world
                 else:
                     assert set(combined) == set(range(size))
-                readings = _stats(mnt)["readahead"]["readings"]
+                readings = mount_stats(mnt)["readahead"]["readings"]
                 for sampler, share in zip(samplers, shares, strict=True):
                     published = sampler.order_path().read_text().splitlines()
                     assert [dataset.samples[k][0] for k in share] == [str(mnt / line) for line in published]
@@ -226,17 +223,11 @@ def test_an_order_name_whose_set_was_forgotten_is_not_found_until_announced_agai
         assert len(list(sampler)) == len(first) and sampler.order_path().exists()  # announced again
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _run_ranks(
     spec_path: Path, roots: list[Path], seed: int | None, shares: list[int] | None = None
 ) -> list[dict]:
     """One real process per rank (``ddp_rank.py``), joined by gloo over loopback; their results."""
-    spec = {"port": _free_port(), "world": len(roots), "roots": list(map(str, roots)), "seed": seed}
+    spec = {"port": free_ports(1)[0], "world": len(roots), "roots": list(map(str, roots)), "seed": seed}
     spec_path.write_text(json.dumps({**spec, "shares": shares}))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
     processes = [

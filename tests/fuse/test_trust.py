@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLANTED, TOOLS, dlfs, mount_pid, mounted, plant, tool, unmount_and_reap
+from commands import TOOLS, dlfs, tool
+from mounts import mount_pid, mounted, unmount_and_reap
 from netshape import DelayProxy
+from users import PLANTED, plant
 
 import dlfs as package
 from dlfs.bench.peers import PEERS
@@ -55,7 +57,8 @@ def test_a_mount_without_its_c_loops_says_so_on_the_terminal(
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     result = dlfs("mount", packed, mnt, "--log-file", tmp_path / "log")
-    assert unmount_and_reap(mnt, mount_pid(result))
+    stuck = unmount_and_reap(mnt, mount_pid(result))
+    assert stuck is None, stuck
     warnings = [line for line in result.stderr.splitlines() if line.startswith("dlfs: warning: ")]
     for said in ("request server is unavailable (_server.so", "read-ahead loop is unavailable (_push.so"):
         assert any(said in line and "is not built" in line for line in warnings), warnings

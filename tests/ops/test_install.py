@@ -22,19 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
-    ORDINARY_USER,
-    PLANTED,
-    TOOLS,
-    as_user,
-    assert_one_line_error,
-    dlfs,
-    force_unmount,
-    is_mounted,
-    pid_alive,
-    plant,
-    wait_until,
-)
+from commands import TOOLS, assert_one_line_error, dlfs
+from mounts import force_unmount, is_mounted
+from users import ORDINARY_USER, PLANTED, as_user, plant
+from waits import alive, bound, wait_exited
 
 from dlfs import system_install
 from dlfs.fuse.mount import FUSE_CONF
@@ -150,10 +141,10 @@ def test_the_node_bundle_installs_with_no_index_and_mounts(
     try:
         assert (mnt / "plain.txt").read_bytes() == (odd_tree / "plain.txt").read_bytes()
         _run(venv / "bin" / "dlfs", "umount", mnt)
-        assert wait_until(lambda: not pid_alive(pid), 15)
+        wait_exited(pid, "the bundle's daemon after dlfs umount")
     finally:
         force_unmount(mnt)
-        if pid_alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -252,8 +243,9 @@ def user_dir(shared: Path, ordinary_user: str, tmp_path: Path) -> Iterator[Path]
     return path
 
 
-#: Run as the user on their mount: read the published epoch once the read-ahead has fetched it; print
-#: how many files it pushed into the page cache and how many the epoch has.
+#: Run as the user on their mount (argv[1]): read the published epoch once the read-ahead has fetched
+#: it, or after argv[2] seconds; print how many files it pushed into the page cache and how many the
+#: epoch has.
 READ_AHEAD = """
 import json, sys, time
 from pathlib import Path
@@ -264,7 +256,7 @@ for path in mnt.rglob("*"):
 paths = parse_order((mnt / ".dlfs" / "order" / "epoch-0.rank-0-of-1").read_bytes())
 def readahead():
     return json.loads((mnt / ".dlfs" / "stats").read_text())["readahead"]
-deadline = time.monotonic() + 30
+deadline = time.monotonic() + float(sys.argv[2])
 while readahead()["readings"]["epoch-0.rank-0-of-1"]["fetched"] < len(paths) and time.monotonic() < deadline:
     time.sleep(0.05)
 for path in paths:
@@ -290,15 +282,16 @@ def test_an_ordinary_user_packs_mounts_reads_and_unmounts(node: Path, user_dir: 
     try:
         pid = int(re.search(r"daemon pid (\d+)", started.stdout).group(1))  # type: ignore[union-attr]
         assert os.stat(f"/proc/{pid}").st_uid != 0
-        pushed, files = map(int, as_user(node / "bin" / "python", "-c", READ_AHEAD, mnt).stdout.split())
+        said = as_user(node / "bin" / "python", "-c", READ_AHEAD, mnt, str(bound(30))).stdout
+        pushed, files = map(int, said.split())
         assert files == 20 and pushed >= files - 1, (pushed, files)  # but the sentinel
         as_user("diff", "-r", user_dir / "src", mnt)
         as_user(dlfs, "umount", mnt)
-        assert wait_until(lambda: not pid_alive(pid), 15)
+        wait_exited(pid, "the user's daemon after dlfs umount")
         assert not is_mounted(mnt)
     finally:
         force_unmount(mnt)
-        if pid and pid_alive(pid):
+        if pid and alive(pid):
             os.kill(pid, signal.SIGKILL)
     text = log.read_text()
     assert "not root: the daemon runs at normal priority" in text and "Traceback" not in text, text

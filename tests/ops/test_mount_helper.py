@@ -13,17 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import (
-    DLFS,
-    PLANTED,
-    assert_one_line_error,
-    force_unmount,
-    is_mounted,
-    pid_alive,
-    plant,
-    unmount_and_reap,
-    wait_until,
-)
+from commands import DLFS, assert_one_line_error
+from mounts import force_unmount, is_mounted, unmount_and_reap
+from users import PLANTED, plant
+from waits import wait_exited
 
 from dlfs import system_install
 from dlfs.fuse.mount import mounted_fstype
@@ -48,16 +41,16 @@ def mounted_by_mount8(mnt: Path, *mount_args: str, cwd: Path | None = None) -> I
     )
     assert result.returncode == 0, result.stderr
     found = re.search(r"daemon pid (\d+)", result.stdout)
-    exited = True
+    stuck = None
     try:
         assert found, result.stdout
         yield int(found.group(1))
     finally:
         if found:
-            exited = unmount_and_reap(mnt, int(found.group(1)))
+            stuck = unmount_and_reap(mnt, int(found.group(1)))
         else:
             force_unmount(mnt)
-    assert exited, "the daemon outlived the unmount"
+    assert stuck is None, f"the daemon outlived the unmount: {stuck}"
 
 
 def test_options_map_onto_dlfs_mount_flags() -> None:
@@ -117,7 +110,7 @@ def test_mount_t_fuse_dlfs_mounts_with_options_and_umount_ends_it(
         with open("/proc/self/mountinfo") as table:
             assert any(f" {mnt} " in line and "allow_other" in line for line in table)
         subprocess.run(["umount", str(mnt)], check=True, timeout=30)
-        assert wait_until(lambda: not pid_alive(pid), 15)
+        wait_exited(pid, "the daemon mount(8) started, after umount")
         assert not is_mounted(mnt)
     assert "Traceback" not in log.read_text()
 

@@ -7,13 +7,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import force_unmount, is_mounted, pid_alive, wait_until
+from mounts import force_unmount, is_mounted
+from waits import HANG, bound
 
 from dlfs import system_install
 
@@ -89,6 +89,8 @@ def test_the_units_commands_mount_say_ready_once_live_and_unmount(
             assert "Traceback" not in log.read_text()
         finally:
             force_unmount(mnt)
-            if not wait_until(lambda: not pid_alive(daemon.pid), 15):
-                daemon.send_signal(signal.SIGKILL)
-            daemon.wait()
+            try:
+                daemon.wait(timeout=bound(HANG))
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()

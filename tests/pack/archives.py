@@ -13,7 +13,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, make_odd_tree, mounted, set_times
+from commands import DLFS, assert_one_line_error, dlfs
+from mounts import mounted
+from trees import SMALL_SHARD, make_odd_tree, set_times
 
 from dlfs.core import format as fmt
 
@@ -66,7 +68,7 @@ def write_zip(kind: str, src: Path, out: Path) -> Path:
 
 
 def archive_tree(root: Path) -> Path:
-    """The odd tree (``conftest.make_odd_tree``: symlinks absolute, dangling and out of the tree
+    """The odd tree (``trees.make_odd_tree``: symlinks absolute, dangling and out of the tree
     among them) with what archives add: a hard link, a second one to the same file, a name and a
     symlink target past 100 bytes (GNU long names and links, pax path and linkpath)."""
     make_odd_tree(root)

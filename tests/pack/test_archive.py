@@ -28,7 +28,9 @@ from archives import (
     write_tar,
     write_zip,
 )
-from conftest import TOOLS, dlfs, mounted, set_times, tool
+from commands import TOOLS, dlfs, tool
+from mounts import mounted
+from trees import set_times
 
 from dlfs.core import format as fmt
 

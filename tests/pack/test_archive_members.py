@@ -26,7 +26,8 @@ from archives import (
     seal,
     tar_bytes,
 )
-from conftest import dlfs, mounted
+from commands import dlfs
+from mounts import mounted
 
 
 @pytest.mark.parametrize(

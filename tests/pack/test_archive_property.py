@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from archives import pack_and_compare, write_tar
-from conftest import fuzz_examples, fuzz_settings
+from fuzzing import fuzz_examples, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from archives import tar_bytes
-from conftest import DLFS, dlfs, mounted
+from commands import DLFS, dlfs
+from mounts import mounted
 
 from dlfs.core import format as fmt
 from dlfs.pack.archive import positional, streams, tarscan

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 from archives import COMPRESSORS, archive_tree, write_tar
-from conftest import TOOLS, assert_one_line_error, assert_sound, dlfs, mounted, tool
+from commands import TOOLS, assert_one_line_error, dlfs, tool
 from hypothesis import given
 from hypothesis import strategies as st
-from test_archive_fuzz import FUZZ, OUTCOMES, Seeds, archives, mutate, report  # noqa: F401 - fixtures
+from index_checks import assert_sound
+from mounts import mounted
+from mutations import FUZZ, OUTCOMES, Seeds, mutate
 
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
@@ -260,9 +262,9 @@ def test_an_archive_the_index_owner_could_not_read_is_refused_at_mount(tmp_path:
 @FUZZ
 @given(data=st.data())
 def test_a_mutated_tar_indexes_in_place_soundly_or_is_refused_in_one_line(
-    archives: Seeds,  # noqa: F811 - the fixture imported above
+    archives: Seeds,
     tmp_path: Path,
-    report: None,  # noqa: F811
+    report: None,
     name: str,
     data: st.DataObject,
 ) -> None:

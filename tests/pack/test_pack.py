@@ -10,7 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, assert_one_line_error, dlfs, tmpfs, wait_until
+from commands import DLFS, assert_one_line_error, dlfs
+from page_cache import tmpfs
+from waits import wait_for
 
 from dlfs.cli.common import human
 from dlfs.core import format as fmt
@@ -89,7 +91,7 @@ def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_
     dst = tmp_path / "dst"
     proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--readers", "1"])
     try:
-        assert wait_until(lambda: dst.exists() and any(dst.glob("*.shard")), 60)
+        wait_for(lambda: dst.exists() and any(dst.glob("*.shard")), "the pack's first shard", 60)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -113,7 +115,7 @@ def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        assert wait_until(lambda: len(list(packed.glob("*.shard"))) > len(before), 60)
+        wait_for(lambda: len(list(packed.glob("*.shard"))) > len(before), "the repack's first shard", 60)
         proc.send_signal(signal.SIGINT)
     finally:
         proc.wait(timeout=30)
@@ -154,7 +156,7 @@ def test_unreadable_file_fails_by_default_and_is_skipped_on_request(
     packed: Path, tmp_path: Path, mount
 ) -> None:
     """A real EIO source: a dlfs mount with one corrupted file."""
-    from conftest import flip_byte, payload_place
+    from damage import flip_byte, payload_place
 
     shard, offset, _ = payload_place(packed, "plain.txt")
     flip_byte(shard, offset)

@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, assert_one_line_error, dlfs, mounted, tool
+from commands import TOOLS, assert_one_line_error, dlfs, tool
+from mounts import mounted
 
 from dlfs.core import format as fmt
 

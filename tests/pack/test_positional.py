@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from archives import tar_bytes
-from conftest import dlfs, drop_from_memory, mounted
+from commands import dlfs
+from mounts import mounted
+from page_cache import drop_from_memory
 
 from dlfs.core import libc
 from dlfs.pack.archive.positional import LocalTar

@@ -14,8 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import DLFS, SMALL_SHARD, assert_one_line_error, dlfs, wait_until
+from commands import DLFS, assert_one_line_error, dlfs
 from obstore import Bytes
+from trees import SMALL_SHARD
+from waits import HANG, bound, wait_for
 
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
@@ -230,19 +232,22 @@ def test_gets_go_on_while_the_pass_is_busy_writing(
     tree = {f"c/{i:03d}.bin": os.urandom(1000) for i in range(40)}
     put(s3_server, s3, tree)
     fetched: list[str] = []
+    all_fetched = threading.Event()
     get_object = S3Store.get_object
 
     def counted(self: S3Store, key: str, offset: int, length: int, etag: str | None = None) -> Bytes:
         data = get_object(self, key, offset, length, etag)
         fetched.append(key)
+        if len(fetched) == len(tree):
+            all_fetched.set()
         return data
 
     record_member = objects.record_member
-    arrived: list[int] = []
+    arrived: list[bool] = []
 
     def held_at_first(*args: object) -> None:
         if not arrived:
-            arrived.append(wait_until(lambda: len(fetched) == 40, 20))
+            arrived.append(all_fetched.wait(bound(HANG)))
         record_member(*args)
 
     monkeypatch.setattr(S3Store, "get_object", counted)
@@ -291,7 +296,7 @@ def test_an_interrupted_pack_from_a_prefix_leaves_nothing_behind(s3_server, s3: 
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        assert wait_until(lambda: len(list(dst.glob("*.shard"))) > 2, 60)
+        wait_for(lambda: len(list(dst.glob("*.shard"))) > 2, "the pack's third shard", 60)
         proc.send_signal(signal.SIGINT)
     finally:
         proc.wait(timeout=30)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 from archives import listing, pack_and_compare
-from conftest import dlfs, flip_byte, mounted, payload_place
+from commands import dlfs
+from damage import flip_byte, payload_place
+from mounts import mounted
 
 from dlfs.core import format as fmt
 
@@ -83,10 +85,8 @@ def test_a_byte_changed_in_a_sparse_run_is_an_io_error(tree: Path, tmp_path: Pat
     assert "holes.bin" in dlfs("verify", dst, check=False).stdout
 
 
-def test_a_sparse_file_of_a_directory_tree_is_packed_as_it_reads(tree: Path, tmp_path: Path) -> None:
+def test_a_sparse_file_of_a_directory_tree_is_packed_as_it_reads(tree: Path, pack_and_mount) -> None:
     """A tree is read as files are read: its holes are zeros like any bytes."""
-    dst = tmp_path / "dst"
-    dlfs("pack", tree, dst)
-    with mounted(dst, tmp_path / "mnt") as mnt:
+    with pack_and_mount(tree) as mnt:
         assert listing(mnt).keys() == listing(tree).keys()
         assert (mnt / "holes.bin").read_bytes() == (tree / "holes.bin").read_bytes()

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DLFS, make_odd_tree, wait_until
+from commands import DLFS
+from trees import make_odd_tree
+from waits import wait_for
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
@@ -140,7 +142,7 @@ def test_a_killed_packs_column_files_are_removed_by_the_next_pack(tmp_path: Path
     dst = tmp_path / "dst"
     proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst], stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: any(dst.glob(f"{spill.PREFIX}*")), 60)
+        wait_for(lambda: any(dst.glob(f"{spill.PREFIX}*")), "the pack's first column file", 60)
         proc.kill()
     finally:
         proc.wait(timeout=30)

@@ -15,7 +15,7 @@ import xxhash
 from archives import seal
 from hypothesis import given
 from hypothesis import strategies as st
-from test_archive_fuzz import FUZZ, Seeds, archives, mutate  # noqa: F401 - fixtures
+from mutations import FUZZ, Seeds, mutate
 
 from dlfs.core.errors import PackError
 from dlfs.pack.archive.members import Member
@@ -191,7 +191,7 @@ def test_a_damaged_header_or_cut_data_is_refused_as_before(tmp_path: Path) -> No
 @FUZZ
 @given(data=st.data())
 def test_the_c_loop_agrees_with_the_python_reader_on_mutated_tars(
-    archives: Seeds,  # noqa: F811 - the fixture imported above
+    archives: Seeds,
     tmp_path: Path,
     data: st.DataObject,
 ) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, dlfs
+from commands import assert_one_line_error, dlfs
 from PIL import Image, JpegImagePlugin
 
 from dlfs.core import format as fmt

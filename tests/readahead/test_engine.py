@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import trio
 import trio.testing
-from conftest import drop_from_memory
+from page_cache import drop_from_memory
+from waits import HANG, bound
 
 from dlfs.core.cache import PayloadCache
 from dlfs.core.index import Index
@@ -89,7 +90,7 @@ def _reading(rows: np.ndarray, epoch: int = 0) -> Reading:
 async def _settle(readahead: ReadAhead, until: Callable[[], bool] = lambda: True) -> None:
     """Let the engine work until ``until()`` holds and no batch is in flight. Virtual time (the
     MockClock) jumps over the sleeps; the real time the fetching threads take is bounded."""
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + bound(20)
     while True:
         await trio.testing.wait_all_tasks_blocked()  # batches due have started
         if until() and readahead.snapshot()["inflight"] == 0:
@@ -277,10 +278,11 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
     loaded twice, and not pushed (the kernel locks a file's pages until its READ is answered, so a
     READ waiting for a push of the same file would never be answered)."""
     src, ds = _packed(tmp_path, files=24, shard_size=64 << 10)  # a few files per shard: many storage reads
-    gate, pushed = threading.Event(), []
+    pushing, gate, pushed = threading.Event(), threading.Event(), []
 
     def push(row: int, data: bytes | memoryview) -> None:
-        assert gate.wait(10), "the push was never let through"
+        pushing.set()
+        assert gate.wait(bound(HANG)), "the push was never let through"
         pushed.append(row)
 
     index, reader, readahead = _engine(ds, FakeKernel(push))
@@ -291,11 +293,12 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(readahead.run)
             readahead.activate(Reading(epoch=0, world_size=1, rank=0, rows=rows))
-            await trio.sleep(0.2)  # the batch is in flight, held at its first push
-            with trio.fail_after(10):
+            with trio.fail_after(bound(HANG)):
+                # The batch is in flight, held at its first push.
+                await trio.to_thread.run_sync(pushing.wait, abandon_on_cancel=True)
                 async with trio.open_nursery() as reads:
                     reads.start_soon(readahead.arrival, target)
-                    await trio.sleep(0.2)
+                    await trio.testing.wait_all_tasks_blocked()  # the READ waits for the batch
                     gate.set()
             nursery.cancel_scope.cancel()
 

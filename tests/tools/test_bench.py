@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, assert_one_line_error, dlfs, is_mounted, tool, write
+from commands import TOOLS, assert_one_line_error, dlfs, tool
+from mounts import is_mounted
+from trees import write
+from waits import bound
 
 from dlfs import bench
 from dlfs.bench import runner
@@ -51,13 +54,9 @@ def by_job(report: dict) -> dict[str, dict[str, dict]]:
 
 
 @pytest.mark.parametrize("workers", ["process", "thread"])
-def test_every_job_counts_the_same_work_on_native_and_dlfs(
-    tree: Path, tmp_path: Path, mount: object, workers: str
-) -> None:
-    dataset = tmp_path / "dataset"
-    dlfs("pack", tree, dataset)
+def test_every_job_counts_the_same_work_on_native_and_dlfs(tree: Path, pack_and_mount, workers: str) -> None:
     files = sum(1 for p in tree.rglob("*") if p.is_file())
-    with mount(dataset) as mnt:  # type: ignore[operator]
+    with pack_and_mount(tree) as mnt:
         out = dlfs(
             "bench",
             tree,
@@ -131,10 +130,8 @@ def test_disk_figures_count_what_the_root_read_from_its_device(tree: Path, disk:
     assert "disk_busy" not in in_memory
 
 
-def test_orderread_follows_the_published_order(tree: Path, tmp_path: Path, mount: object) -> None:
-    dataset = tmp_path / "dataset"
-    dlfs("pack", tree, dataset)
-    with mount(dataset, "--seed", "9") as mnt:  # type: ignore[operator]
+def test_orderread_follows_the_published_order(tree: Path, pack_and_mount) -> None:
+    with pack_and_mount(tree, "--seed", "9") as mnt:
         roots = [bench.Root.parse(str(tree)), bench.Root.parse(str(mnt))]
         assert [root.label for root in roots] == ["native", "dlfs"]
         order = bench.published_order(roots, epoch=1)
@@ -215,11 +212,9 @@ def test_cold_without_permission_says_so() -> None:
     assert_one_line_error(result, "drop_caches", "run as root or drop --cold")
 
 
-def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, tmp_path: Path, mount: object) -> None:
-    dataset = tmp_path / "dataset"
-    dlfs("pack", tree, dataset)
+def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, pack_and_mount) -> None:
     armed = {}
-    with mount(dataset) as mnt:  # type: ignore[operator]
+    with pack_and_mount(tree) as mnt:
 
         def progress(result: bench.Result) -> None:
             armed[result.job] = json.loads((mnt / ".dlfs" / "stats").read_text())["readahead"]["readings"]
@@ -230,14 +225,10 @@ def test_jobs_before_orderread_run_without_the_read_ahead(tree: Path, tmp_path: 
     assert armed["stat"] == {} and list(armed["orderread"]) == ["epoch-0.rank-0-of-1"]
 
 
-def test_a_run_starts_once_the_mount_is_done_listing_in_the_background(
-    tree: Path, tmp_path: Path, mount: object
-) -> None:
+def test_a_run_starts_once_the_mount_is_done_listing_in_the_background(tree: Path, pack_and_mount) -> None:
     """After a whole-tree scan (``--readdirplus auto``) the daemon lists every folder again; a timed
     run waits for that, so that it does not pay for the run before it."""
-    dataset = tmp_path / "dataset"
-    dlfs("pack", tree, dataset)
-    with mount(dataset, "--readdirplus", "auto") as mnt:  # type: ignore[operator]
+    with pack_and_mount(tree, "--readdirplus", "auto") as mnt:
         stats = mnt / ".dlfs" / "stats"
         assert bench.imagefolder_scan(str(mnt)) == CLASSES * PER_CLASS + 1
         one = ["n00000000/n00000000_0.JPEG"]
@@ -260,19 +251,17 @@ def test_waiting_for_the_background_listing_ends_or_times_out(tmp_path: Path) ->
     done = threading.Timer(0.3, os.replace, (tmp_path / "idle", stats))  # whole, as the mount's is
     done.start()
     try:
-        assert 0.25 <= bench.wait_idle(str(tmp_path), timeout=10) < 5
+        assert 0.25 <= bench.wait_idle(str(tmp_path), timeout=10) < bound(5)
     finally:
         done.cancel()
 
 
 @pytest.mark.parametrize("processes", [True, False])
 def test_arming_the_read_ahead_counts_in_the_run(
-    tree: Path, tmp_path: Path, mount: object, monkeypatch: pytest.MonkeyPatch, processes: bool
+    tree: Path, pack_and_mount, monkeypatch: pytest.MonkeyPatch, processes: bool
 ) -> None:
     """The read-ahead starts when the order is read; were that before the clock, dlfs would get a
     head start (it was up to 2 s of fetching) that no other root gets."""
-    dataset = tmp_path / "dataset"
-    dlfs("pack", tree, dataset)
     order_file = runner.order_file
     pause = 0.5
 
@@ -281,7 +270,7 @@ def test_arming_the_read_ahead_counts_in_the_run(
         return order_file(root, epoch)
 
     monkeypatch.setattr(runner, "order_file", slow_order_file)
-    with mount(dataset) as mnt:  # type: ignore[operator]
+    with pack_and_mount(tree) as mnt:
         root = bench.Root.parse(str(mnt))
         items = bench.published_order([root], epoch=0)
         run = bench.run_once(root, "orderread", items, bench.Options(readers=2, processes=processes))
@@ -339,6 +328,7 @@ def test_scale_benchmark_reports_every_figure(tmp_path: Path) -> None:
     assert not is_mounted(tmp_path / "mnt")
 
 
+@pytest.mark.slow  # a sweep of every case of the read benchmark: make test-all runs it
 def test_read_benchmark_reports_every_case(tmp_path: Path) -> None:
     """``tools/bench_read.py`` end to end on a small tree: every case, warm and cold, as JSON, and
     each case's files/s and CPU per file as it goes."""

@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS
+from commands import TOOLS
 
 sys.path.insert(0, str(TOOLS))
 import bench_archive as ba
 import bench_report
+
+#: A sweep: every measurement of the archive benchmark (each source, ratarmount, the two-step
+#: baseline), so make test-all runs it, not make test.
+pytestmark = pytest.mark.slow
 
 FILES, CLASSES = 240, 4
 #: The whole tiny run, data generation included, on 2 busy cores.

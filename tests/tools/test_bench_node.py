@@ -11,11 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS
+from commands import TOOLS
 
 sys.path.insert(0, str(TOOLS))
 import bench_node
 import bench_report
+
+#: A sweep: every part of the node benchmark (its loader matrix, every root and reader count), so
+#: make test-all runs it, not make test.
+pytestmark = pytest.mark.slow
 
 SMALL = bench_node.SCALES["small"]
 #: The whole --small run, data generation included, on 2 busy cores.

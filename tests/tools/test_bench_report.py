@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS
+from commands import TOOLS
 
 sys.path.insert(0, str(TOOLS))
 import bench_report

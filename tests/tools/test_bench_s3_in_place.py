@@ -7,7 +7,8 @@ from pathlib import Path
 
 import bench_s3_in_place
 import pytest
-from conftest import TOOLS, is_mounted, tool
+from commands import TOOLS, tool
+from mounts import is_mounted
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import bench_s3_source
 import pytest
-from conftest import TOOLS, tool
+from commands import TOOLS, tool
 
 
-@pytest.mark.parametrize("network", ["loopback", "shaped"])
+# The shaped network's run repeats the loopback one's checks behind netshape, a sweep of the network
+# shapes: make test-all runs it.
+@pytest.mark.parametrize("network", ["loopback", pytest.param("shaped", marks=pytest.mark.slow)])
 def test_the_benchmark_packs_every_object_and_renders_its_table(tmp_path: Path, network: str) -> None:
     if network == "shaped" and os.geteuid() != 0:
         pytest.skip("the shaped network needs root")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TOOLS, dlfs, tool
+from commands import TOOLS, dlfs, tool
 from PIL import Image
 
 CLASSES, PER_CLASS = 3, 12
@@ -25,14 +25,12 @@ def jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_one_epoch_native_and_through_dlfs(jpegs: Path, tmp_path: Path, mount: object) -> None:
+def test_one_epoch_native_and_through_dlfs(jpegs: Path, pack_and_mount) -> None:
     train = TOOLS / "train_imagefolder.py"
     native = json.loads(tool(train, jpegs, "--workers", "2", "--batch-size", "8", "--model", "--json").stdout)
     assert native["images"] == CLASSES * PER_CLASS
     assert 0 <= native["data_wait_s"] <= native["epoch_s"] and native["images_per_s"] > 0
-    dataset = tmp_path / "dataset"
-    dlfs("pack", jpegs, dataset, "--placement", "random")
-    with mount(dataset, "--order", "block", "--block", "4") as mnt:  # type: ignore[operator]
+    with pack_and_mount(jpegs, "--order", "block", "--block", "4", pack=("--placement", "random")) as mnt:
         through = json.loads(tool(train, mnt, "--sampler", "dlfs", "--workers", "2", "--json").stdout)
     assert through["images"] == CLASSES * PER_CLASS
 
@@ -80,6 +78,7 @@ def test_taking_one_slow_disk_down_leaves_another_throttled(tmp_path: Path) -> N
     assert not rules.parent.exists()
 
 
+@pytest.mark.slow  # a sweep of transform specs, each packed and read for epochs: make test-all runs it
 def test_transform_benchmark_packs_reads_and_compares(tmp_path: Path) -> None:
     """``make bench-transform`` on a tiny photo tree: both packs, three loaders, ratios that add up."""
     out = tool(

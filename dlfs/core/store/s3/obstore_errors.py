@@ -9,7 +9,8 @@ apart. The text this module reads is of two kinds:
 - the S3 error code of the response's XML body (``<Code>NoSuchBucket</Code>``): the S3 protocol's,
   the same on every S3 implementation and every client;
 - obstore's own words, from reqwest and rustls: ``NO_ANSWER`` and ``UNTRUSTED``. A test
-  (``test_s3.py``) produces each of them with the installed obstore and fails when one changes.
+  (``tests/core/test_s3_stalls.py``) produces each of them with the installed obstore and fails
+  when one changes.
 
 The listing of a prefix's objects goes through boto3 (``S3Store.objects``), whose errors carry the
 S3 error code in ``response`` and botocore's own words for a request that got no answer.

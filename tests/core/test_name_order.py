@@ -1,6 +1,6 @@
-"""Crafted indexes of one folder: names are judged in order as Python compares bytes (names that
-share 15, 16, 17, 31 or 32 bytes, or are prefixes of each other), and a refusal names the first
-bad entry of an index of 100,000."""
+"""The names of a folder in an index: loaded only in Python's order of bytes with no name twice,
+however long the prefix two names share, and a bad one named by its row at any size of index
+(names are checked in blocks of rows)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import stat
 
 import numpy as np
 import pytest
-from crafted_index import Arrays, load
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from index_bytes import load
 
 from dlfs.core import format as fmt
 from dlfs.core import validate
@@ -20,7 +20,7 @@ from dlfs.core.errors import DatasetError
 def one_folder(names: list[bytes]) -> bytes:
     """An index of a root holding one empty file per name, in the order given."""
     count = len(names) + 1
-    arrays: Arrays = {
+    arrays: dict[str, np.ndarray] = {
         name: np.zeros(0 if name in fmt.BLOBS else count, dtype=dtype) for name, dtype in fmt.SECTIONS.items()
     }
     arrays["mode"][:] = stat.S_IFREG | 0o644
@@ -36,6 +36,8 @@ def one_folder(names: list[bytes]) -> bytes:
 
 
 component = st.binary(min_size=1, max_size=3).filter(lambda n: b"/" not in n and b"\0" not in n)
+
+
 prefixes = st.sampled_from([b"", b"p", b"p" * 15, b"p" * 16, b"p" * 17, b"p" * 31, b"p" * 32, b"q" * 40])
 
 
