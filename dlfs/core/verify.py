@@ -12,8 +12,8 @@ from tqdm import tqdm
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.core.shard_store import shard_store
 from dlfs.core.store import StoreOptions, index_copies, open_store
 
@@ -46,19 +46,19 @@ def _runs(index: Index, rows: np.ndarray) -> list[list[int]]:
     return runs
 
 
-def _check_run(reader: Reader, run: list[int]) -> list[tuple[int, str | None]]:
+def _check_run(file_bytes: FileBytes, run: list[int]) -> list[tuple[int, str | None]]:
     """Each file of a run and its problem (None when it is sound)."""
-    index = reader.index
-    if len(run) == 1 and not reader.is_whole(run[0]):
+    index = file_bytes.index
+    if len(run) == 1 and not file_bytes.is_whole(run[0]):
         try:
-            reader.check(run[0])
+            file_bytes.check(run[0])
         except DlfsError as exc:
             return [(run[0], str(exc))]
         return [(run[0], None)]
     first = int(index.offset[run[0]])
     try:
         blob = memoryview(
-            reader.read_range(run[0], 0, int(index.offset[run[-1]] + index.stored[run[-1]]) - first)
+            file_bytes.read_range(run[0], 0, int(index.offset[run[-1]] + index.stored[run[-1]]) - first)
         )
     except DlfsError as exc:
         return [(row, str(exc)) for row in run]
@@ -66,7 +66,7 @@ def _check_run(reader: Reader, run: list[int]) -> list[tuple[int, str | None]]:
     for row in run:
         begin = int(index.offset[row]) - first
         try:
-            reader.decode(row, blob[begin : begin + int(index.stored[row])])
+            file_bytes.decode(row, blob[begin : begin + int(index.stored[row])])
             outcomes.append((row, None))
         except DlfsError as exc:
             outcomes.append((row, str(exc)))
@@ -105,7 +105,7 @@ def verify(
         if shards is not store:  # an in-place dataset's tars
             store.close()
             store = shards
-        reader = Reader(index, store, PayloadCache(0))
+        file_bytes = FileBytes(index, store, PayloadCache(0))
         rows = index.file_rows()
         report = VerifyReport(
             files=int(rows.size),
@@ -115,7 +115,7 @@ def verify(
         )
 
         def check(run: list[int]) -> list[tuple[int, str | None]]:
-            return _check_run(reader, run)
+            return _check_run(file_bytes, run)
 
         with (
             tqdm(

@@ -36,7 +36,7 @@ from dlfs.fuse.mount import MountOptions, check_allow_other, check_mountpoint, m
 from dlfs.fuse.mount_stats import MountStats, Snapshot, from_thread
 from dlfs.fuse.operations import CACHE_TIMEOUT, LISTING_BLOCK, STATFS_BLOCK, DlfsOperations
 from dlfs.fuse.pagecache import MountPageCache
-from dlfs.fuse.trio_reader import TrioReader
+from dlfs.fuse.trio_file_bytes import TrioFileBytes
 from dlfs.readahead.buffers import REUSED_BUFFER
 from dlfs.readahead.engine import ReadAhead
 
@@ -134,7 +134,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
         # cache, so the cache holds its budget on top of what demand reads get.
         cache = PayloadCache(options.cache_size + options.readahead_budget)
-        reader = TrioReader(index, store, cache, max_threads=options.threads)
+        file_bytes = TrioFileBytes(index, store, cache, max_threads=options.threads)
         # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach
         # the kernel files and by the read-ahead's kernel, which steers those listings.
         known = KernelKnowledge(index)
@@ -147,21 +147,23 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
             kernel = FuseKernel(index, known, pages, lister)
             readahead = ReadAhead(
                 index,
-                reader,
+                file_bytes,
                 kernel,
                 budget=options.readahead_budget,
                 max_inflight=options.readahead_inflight,
                 pause_after=options.readahead_pause,
             )
         spec = OrderSpec(seed=options.seed, mode=options.order, block=options.block, window=options.window)
-        native, missing = _native_server(index, reader, known, options)
+        native, missing = _native_server(index, file_bytes, known, options)
         if readahead is not None and (reason := readahead_loop_missing()) is not None:
             missing.append(unavailable("read-ahead loop", reason))
         if native is not None:
             resources.callback(native.close)  # after the unmount: its threads stop with the session
-        stats = MountStats(store, cache, reader, lister, readahead, native, started)
+        stats = MountStats(store, cache, file_bytes, lister, readahead, native, started)
         control = ControlTree(index, spec, stats.snapshot)
-        operations = DlfsOperations(index, reader, control, readahead, lister, known, stats.answered, native)
+        operations = DlfsOperations(
+            index, file_bytes, control, readahead, lister, known, stats.answered, native
+        )
         operations.readdirplus_auto = options.readdirplus == "auto"
         metrics = _metrics_endpoint(options)
         if metrics is not None:
@@ -240,7 +242,7 @@ def _metrics_endpoint(options: MountOptions) -> MetricsEndpoint | None:
 
 
 def _native_server(
-    index: Index, reader: TrioReader, known: KernelKnowledge, options: MountOptions
+    index: Index, file_bytes: TrioFileBytes, known: KernelKnowledge, options: MountOptions
 ) -> tuple[native_server.NativeServer | None, list[str]]:
     """The C threads for the hot requests, unless turned off; and the line for the user's terminal
     when they are wanted but cannot run here (a user must not find that in a log file)."""
@@ -253,7 +255,7 @@ def _native_server(
     region = native_server.region_for(index, options.region_ahead)
     server = native_server.NativeServer(
         index,
-        reader,
+        file_bytes,
         CONTROL_NAME,
         CACHE_TIMEOUT,
         (STATFS_BLOCK, LISTING_BLOCK),

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from dlfs.core.store import Store
     from dlfs.fuse.lister import FolderLister
     from dlfs.fuse.server import NativeServer
-    from dlfs.fuse.trio_reader import TrioReader
+    from dlfs.fuse.trio_file_bytes import TrioFileBytes
     from dlfs.readahead.engine import ReadAhead
 
 Snapshot = dict[str, object]
@@ -50,7 +50,7 @@ class MountStats:
 
     store: Store
     cache: PayloadCache
-    reader: TrioReader
+    file_bytes: TrioFileBytes
     lister: FolderLister
     readahead: ReadAhead | None
     native: NativeServer | None
@@ -66,10 +66,10 @@ class MountStats:
             "requests": dict(self.answered.requests),
             "cache": self.cache.stats(),
             "storage": {
-                "reads": self.reader.storage_reads,
-                "bytes": self.reader.storage_bytes,
-                "waits": self.reader.storage_waits,
-                "wait_seconds": round(self.reader.storage_wait_seconds, 6),
+                "reads": self.file_bytes.storage_reads,
+                "bytes": self.file_bytes.storage_bytes,
+                "waits": self.file_bytes.storage_waits,
+                "wait_seconds": round(self.file_bytes.storage_wait_seconds, 6),
             },
             "read_latency_us_log2": list(self.answered.read_latency),
             "read_seconds": round(self.answered.read_seconds, 6),

@@ -1,4 +1,4 @@
-"""The pyfuse3 adapter: kernel requests in, calls on Index and Reader out.
+"""The pyfuse3 adapter: kernel requests in, calls on Index and FileBytes out.
 
 Thin on purpose. Domain errors become errno values here and nowhere else. Inode numbers are index
 rows + 1, so the kernel's lookup counting needs no table (``forget`` only updates what the daemon knows
@@ -44,7 +44,7 @@ from dlfs.fuse.known import KernelKnowledge
 from dlfs.fuse.lister import FolderLister
 from dlfs.fuse.mount_stats import RequestCounts
 from dlfs.fuse.server import NativeServer
-from dlfs.fuse.trio_reader import TrioReader
+from dlfs.fuse.trio_file_bytes import TrioFileBytes
 from dlfs.readahead.engine import ReadAhead
 
 #: The data never changes while mounted, so the kernel may keep names and attributes for a day.
@@ -84,7 +84,7 @@ class DlfsOperations(pyfuse3.Operations):
     def __init__(
         self,
         index: Index,
-        reader: TrioReader,
+        file_bytes: TrioFileBytes,
         control: ControlTree,
         readahead: ReadAhead | None = None,
         lister: FolderLister | None = None,
@@ -94,7 +94,7 @@ class DlfsOperations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.index = index
-        self.reader = reader
+        self.file_bytes = file_bytes
         self.control = control
         self.readahead = readahead
         self.lister = lister
@@ -321,7 +321,7 @@ class DlfsOperations(pyfuse3.Operations):
             self.readahead.observe(row)
             await self.readahead.arrival(row)
         try:
-            data = await self.reader.read(row, off, size)
+            data = await self.file_bytes.read(row, off, size)
         except DlfsError as exc:
             raise pyfuse3.FUSEError(errno.EIO) from exc
         self.answered.requests["read_bytes"] += len(data)

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pyfuse3
 
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
 from dlfs.core.protocol import LATENCY_BUCKETS
-from dlfs.core.reader import Reader
 from dlfs.fuse import dirents
 from dlfs.fuse.known import KernelKnowledge
 
@@ -211,7 +211,7 @@ class NativeServer:
     def __init__(
         self,
         index: Index,
-        reader: Reader,
+        file_bytes: FileBytes,
         control_name: bytes,
         timeout: float,
         blksize: tuple[int, int],
@@ -222,7 +222,7 @@ class NativeServer:
     ) -> None:
         self.index = index
         self.known = known  # its ``wanted`` column is read by the C threads
-        descriptors = (reader.descriptor(k) for k in range(len(index.shard_names)))
+        descriptors = (file_bytes.descriptor(k) for k in range(len(index.shard_names)))
         shard_fds = np.array([-1 if fd is None else fd for fd in descriptors], dtype=np.int32)
         #: Shards are files to pread; else (an object store) every READ of a file goes to Python.
         self.reads_files = bool((shard_fds >= 0).all())

@@ -32,9 +32,9 @@ import math
 import numpy as np
 import trio
 
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
-from dlfs.core.reader import Reader
 from dlfs.readahead.batch import StorageNeighbours, next_batch, sentinel_spacing, sentinels
 from dlfs.readahead.buffers import BufferPool
 from dlfs.readahead.cursor import READER_MOVES, Follow, Move
@@ -57,7 +57,7 @@ class ReadAhead:
     def __init__(
         self,
         index: Index,
-        reader: Reader,
+        file_bytes: FileBytes,
         kernel: Kernel,
         budget: int = 512 << 20,
         max_inflight: int = 16,
@@ -65,7 +65,7 @@ class ReadAhead:
         pause_after: float,
     ) -> None:
         self.index = index
-        self.reader = reader
+        self.file_bytes = file_bytes
         self.kernel = kernel
         self.budget = budget
         self.max_inflight = max_inflight
@@ -73,7 +73,7 @@ class ReadAhead:
         self.stats = ReadAheadStats()
         self.handoff = Handoff()
         self.buffers = BufferPool()
-        self.python = PythonLoader(index, reader, kernel, self.handoff, self.buffers, self.stats)
+        self.python = PythonLoader(index, file_bytes, kernel, self.handoff, self.buffers, self.stats)
         #: The C loop's loader, once ``run`` found the kernel's session live and the library built.
         self.native: NativeLoader | None = None
         self._neighbours = StorageNeighbours(index)
@@ -141,7 +141,7 @@ class ReadAhead:
         and take it from there (it lands in the payload cache); see ``handoff``."""
         data = await self.handoff.arrival(row)
         if data is not None:
-            self.reader.hold(row, data)
+            self.file_bytes.hold(row, data)
             self.stats.handed_over += 1
 
     def forgotten(self, rows: np.ndarray) -> None:
@@ -159,7 +159,7 @@ class ReadAhead:
         pusher = self.kernel.pusher()
         if pusher is not None:
             self.native = NativeLoader(
-                self.index, self.reader, pusher, self.handoff, self.buffers, self.stats, self.python
+                self.index, self.file_bytes, pusher, self.handoff, self.buffers, self.stats, self.python
             )
         async with trio.open_nursery() as nursery:
             while True:
@@ -207,7 +207,7 @@ class ReadAhead:
             sentinel = sentinels(positions, self.sentinel_every)
             held = await trio.to_thread.run_sync(self._fetch_blocking, positions, rows, sentinel)
             for row, data in held:
-                self.reader.hold(row, data)
+                self.file_bytes.hold(row, data)
             self.stats.held_files += len(held)
         finally:
             self.handoff.finish(row_list)

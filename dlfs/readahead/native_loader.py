@@ -19,8 +19,8 @@ import numpy as np
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import DlfsError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.readahead.buffers import REUSED_BUFFER, BufferPool
 from dlfs.readahead.handoff import Handoff
 from dlfs.readahead.native import ALIGN, NativePusher
@@ -55,7 +55,7 @@ class NativeLoader:
     def __init__(
         self,
         index: Index,
-        reader: Reader,
+        file_bytes: FileBytes,
         pusher: NativePusher,
         handoff: Handoff,
         buffers: BufferPool,
@@ -63,7 +63,7 @@ class NativeLoader:
         python: PythonLoader,
     ) -> None:
         self.index = index
-        self.reader = reader
+        self.file_bytes = file_bytes
         self.pusher = pusher
         self.handoff = handoff
         self.buffers = buffers
@@ -90,14 +90,14 @@ class NativeLoader:
         if not rows.size:
             return np.zeros(rows.size, dtype=bool)
         taken = self._pushable(rows, sentinel)
-        if self.reader.partly_local:
-            local = self.reader.local(rows[taken])
+        if self.file_bytes.partly_local:
+            local = self.file_bytes.local(rows[taken])
             if not local.all():
                 missing = np.flatnonzero(taken)[~local]
                 _, spans, _, _ = storage_reads(self.index, rows[missing], positions[missing])
-                self.reader.stage(spans)
+                self.file_bytes.stage(spans)
                 self.stats.storage_reads += len(spans)
-                local[~local] = self.reader.local(rows[missing])  # kept, unless the tier is full
+                local[~local] = self.file_bytes.local(rows[missing])  # kept, unless the tier is full
             taken[taken] = local
         return taken
 
@@ -106,7 +106,7 @@ class NativeLoader:
         """Where each shard starts in the file its descriptor reads: an in-place dataset's local
         tar at the window's base; a disk tier's file holds each shard, a window of an object in
         S3 too, at the shard's own offsets."""
-        if self.reader.partly_local:
+        if self.file_bytes.partly_local:
             return np.zeros_like(self.index.shard_base)
         return self.index.shard_base
 
@@ -118,7 +118,7 @@ class NativeLoader:
         for shard, name in enumerate(self.index.shard_names):
             try:
                 for direct in (0, 1):
-                    fd = self.reader.descriptor(shard, direct=bool(direct), partial=True)
+                    fd = self.file_bytes.descriptor(shard, direct=bool(direct), partial=True)
                     fds[direct, shard] = -1 if fd is None else fd
             except DlfsError as exc:
                 log.warning("reading ahead of %s in Python: %s", name, exc)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from dlfs.core.errors import DlfsError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.readahead.buffers import BufferPool
 from dlfs.readahead.handoff import Handoff, Loaded
 from dlfs.readahead.kernel import Kernel
@@ -31,14 +31,14 @@ class PythonLoader:
     def __init__(
         self,
         index: Index,
-        reader: Reader,
+        file_bytes: FileBytes,
         kernel: Kernel,
         handoff: Handoff,
         buffers: BufferPool,
         stats: ReadAheadStats,
     ) -> None:
         self.index = index
-        self.reader = reader
+        self.file_bytes = file_bytes
         self.kernel = kernel
         self.handoff = handoff
         self.buffers = buffers
@@ -87,13 +87,13 @@ class PythonLoader:
             self.stats.storage_reads += 1
             buffer = memoryview(self.buffers.get(length))[:length]
             try:
-                got = self.reader.fetch_into(first, begin, buffer, wait=False)
+                got = self.file_bytes.fetch_into(first, begin, buffer, wait=False)
                 if got is None:
                     if not hinted:  # storage is slow: from here on, it works on all of the batch at once
                         hinted = True
                         self.stats.cold_batches += 1
                         self._hint(spans[k:])
-                    got = self.reader.fetch_into(first, begin, buffer)
+                    got = self.file_bytes.fetch_into(first, begin, buffer)
             except DlfsError as exc:
                 log.warning("read-ahead of shard %s failed: %s", self.index.shard_of(first), exc)
                 continue
@@ -113,16 +113,16 @@ class PythonLoader:
     def _hint(self, spans: list[Span]) -> None:
         for span in spans:
             with contextlib.suppress(DlfsError):  # the read of the same range reports it
-                self.reader.will_fetch(*span)
+                self.file_bytes.will_fetch(*span)
 
     def _decode(self, row: int, stored: memoryview) -> Payload | None:
         """A verified file, or None: too big to hold whole, or damaged (its own read fails with EIO)."""
-        if not self.reader.is_whole(row):
+        if not self.file_bytes.is_whole(row):
             return None
         try:
-            return self.reader.decode(row, stored)
+            return self.file_bytes.decode(row, stored)
         except DlfsError:
-            self.reader.forget(row)  # a damaged block of a disk tier: the file's own read refetches it
+            self.file_bytes.forget(row)  # a damaged block of a disk tier: the file's own read refetches it
             return None
 
     def _push_all(self, items: list[tuple[int, Payload]]) -> list[tuple[int, Payload]]:

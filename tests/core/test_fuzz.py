@@ -1,9 +1,9 @@
-"""Fuzzing the index loader and the shard reader: damaged or crafted bytes give a clean error.
+"""Fuzzing the index loader and the shard reads (``FileBytes``): damaged or crafted bytes give a clean error.
 
 The index loader, fed random bytes and mutations of a real index (bit flips, cuts, 64-bit fields set
 to values such as 2^60, column values, metadata fields, each resealed with a valid trailer or not),
 must either refuse with a ``DatasetError`` or load an index that is a sound tree; never another
-exception, a hang or a large allocation. The reader, on mutated shards, must return each file's
+exception, a hang or a large allocation. ``FileBytes``, on mutated shards, must return each file's
 exact bytes or raise ``IntegrityError`` (a missing shard: ``DatasetError``); never wrong bytes.
 
 ``make test`` runs ``DEFAULT_EXAMPLES`` examples per test; ``DLFS_FUZZ_EXAMPLES=100000`` runs more.
@@ -35,8 +35,8 @@ from dlfs.core import archive_meta
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DatasetError, IntegrityError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
@@ -306,12 +306,12 @@ def test_mutated_shards_give_right_bytes_or_an_integrity_error(
         else:
             (dataset / shard).write_bytes(damaged)
         store = LocalStore(dataset)
-        reader = Reader(index, store, PayloadCache(1 << 20))
+        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
         failed = 0
         try:
             for row in rows.tolist():
                 try:
-                    data = reader.load(row)
+                    data = file_bytes.load(row)
                 except (IntegrityError, DatasetError):  # ShardError is a DatasetError
                     failed += 1
                     continue

@@ -30,7 +30,7 @@ def one_shard(tmp_path: Path, s3: str) -> Iterator[tuple[S3Store, bytes]]:
 
 
 def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, one_shard: tuple[S3Store, bytes]) -> None:
-    """The read-ahead stages spans into the disk tier as ``Reader.stage`` does: every span hinted,
+    """The read-ahead stages spans into the disk tier as ``FileBytes.stage`` does: every span hinted,
     then each filled. Two spans sharing a block hint overlapping runs; once the first has kept that
     block, the second fetches its run less that block, from its hint: no GET more, no hint left."""
     store, data = one_shard

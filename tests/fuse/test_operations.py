@@ -14,7 +14,7 @@ from page_cache import drop_from_memory
 from trees import write
 
 from dlfs.core import cache as cache_module
-from dlfs.core import reader as reader_module
+from dlfs.core import file_bytes as file_bytes_module
 from dlfs.core.cache import PayloadCache
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
@@ -23,7 +23,7 @@ from dlfs.fuse import dirents
 from dlfs.fuse import operations as fs
 from dlfs.fuse.control import ControlTree
 from dlfs.fuse.operations import DlfsOperations
-from dlfs.fuse.trio_reader import TrioReader
+from dlfs.fuse.trio_file_bytes import TrioFileBytes
 from dlfs.pack import PackOptions, pack
 
 
@@ -31,7 +31,7 @@ def _operations(dataset: Path) -> DlfsOperations:
     store = LocalStore(dataset)
     index = Index.load(store)
     return DlfsOperations(
-        index, TrioReader(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
+        index, TrioFileBytes(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
     )
 
 
@@ -119,7 +119,7 @@ def test_concurrent_reads_of_one_file_share_one_storage_fetch(ops: DlfsOperation
 
     trio.run(main)
     assert len(results) == 10
-    assert ops.reader.storage_reads == 1
+    assert ops.file_bytes.storage_reads == 1
 
 
 def test_cache_never_exceeds_its_budget() -> None:
@@ -138,24 +138,24 @@ def test_a_small_file_in_the_page_cache_is_read_without_a_thread(on_disk: Path) 
     waiting for storage blocks no other request."""
     src = on_disk / "src"
     write(src / "small.bin", os.urandom(50_000))
-    write(src / "large.bin", os.urandom(reader_module.INLINE_LIMIT + 1))
-    write(src / "zeros.bin", bytes(2 * reader_module.INLINE_LIMIT))  # a few KiB once compressed
+    write(src / "large.bin", os.urandom(file_bytes_module.INLINE_LIMIT + 1))
+    write(src / "zeros.bin", bytes(2 * file_bytes_module.INLINE_LIMIT))  # a few KiB once compressed
     pack(src, on_disk / "ds", PackOptions(compress=True, progress=False))
     ops = _operations(on_disk / "ds")
     small, large, zeros = (ops.index.resolve(name) for name in (b"small.bin", b"large.bin", b"zeros.bin"))
     assert small is not None and large is not None and zeros is not None
-    assert ops.index.stored[zeros] < reader_module.INLINE_LIMIT
+    assert ops.index.stored[zeros] < file_bytes_module.INLINE_LIMIT
     (shard,) = (on_disk / "ds").glob("*.shard")
     for _ in range(10):  # this VM's DAMON may take a page of a file just read (docs/benchmarks.md)
         shard.read_bytes()
-        if (inline := ops.reader.load_cached(small)) is not None:
+        if (inline := ops.file_bytes.load_cached(small)) is not None:
             break
     assert inline == (src / "small.bin").read_bytes()
-    assert ops.reader.load_cached(large) is None, "large files are read in a thread"
-    assert ops.reader.load_cached(zeros) is None, "and so are files that decompress large"
+    assert ops.file_bytes.load_cached(large) is None, "large files are read in a thread"
+    assert ops.file_bytes.load_cached(zeros) is None, "and so are files that decompress large"
     drop_from_memory(shard)
-    assert ops.reader.load_cached(small) is None, "not in memory: it must not wait"
-    assert _run(ops.reader.read, small, 0, 1 << 20) == (src / "small.bin").read_bytes()
+    assert ops.file_bytes.load_cached(small) is None, "not in memory: it must not wait"
+    assert _run(ops.file_bytes.read, small, 0, 1 << 20) == (src / "small.bin").read_bytes()
 
 
 def test_evictions_hand_freed_memory_back_each_quarter_budget() -> None:

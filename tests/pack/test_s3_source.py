@@ -22,8 +22,8 @@ from waits import HANG, bound, wait_for
 from dlfs.core import format as fmt
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.core.store.local import LocalStore
 from dlfs.core.store.s3.store import S3Store, StoredObject
 from dlfs.pack import PackOptions, objects, pack
@@ -79,8 +79,8 @@ def packed_files(dataset: Path) -> dict[bytes, bytes]:
     store = LocalStore(dataset)
     try:
         index = Index.load(store)
-        reader = Reader(index, store, PayloadCache(1 << 20))
-        return {index.path(int(row)): bytes(reader.load(int(row))) for row in index.file_rows()}
+        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
+        return {index.path(int(row)): bytes(file_bytes.load(int(row))) for row in index.file_rows()}
     finally:
         store.close()
 

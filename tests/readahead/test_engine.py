@@ -17,9 +17,9 @@ from page_cache import drop_from_memory
 from waits import HANG, bound
 
 from dlfs.core.cache import PayloadCache
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
-from dlfs.core.reader import Reader
 from dlfs.core.store.local import LocalStore
 from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
@@ -68,11 +68,11 @@ def _packed(root: Path, files: int = 100, size: int = SIZE, shard_size: int = 1 
     return root / "src", root / "ds"
 
 
-def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[Index, Reader, ReadAhead]:
+def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[Index, FileBytes, ReadAhead]:
     store = LocalStore(dataset, random_access=True)
     index = Index.load(store)
-    reader = Reader(index, store, PayloadCache(16 << 20))
-    return index, reader, ReadAhead(index, reader, kernel, budget=budget, pause_after=PAUSE_AFTER)
+    file_bytes = FileBytes(index, store, PayloadCache(16 << 20))
+    return index, file_bytes, ReadAhead(index, file_bytes, kernel, budget=budget, pause_after=PAUSE_AFTER)
 
 
 def _following(tmp_path: Path, files: int, budget: int) -> tuple[FakeKernel, ReadAhead, np.ndarray]:
@@ -118,7 +118,7 @@ def _lead(readahead: ReadAhead) -> dict[str, int]:
 def test_an_epoch_is_pushed_but_for_its_sentinels_which_the_daemon_holds(tmp_path: Path) -> None:
     src, ds = _packed(tmp_path)
     kernel = FakeKernel()
-    index, reader, readahead = _engine(ds, kernel)
+    index, file_bytes, readahead = _engine(ds, kernel)
     rows = index.file_rows()[::-1].copy()
 
     async def test(readahead: ReadAhead) -> None:
@@ -129,7 +129,7 @@ def test_an_epoch_is_pushed_but_for_its_sentinels_which_the_daemon_holds(tmp_pat
     sentinels = set(rows[:: readahead.sentinel_every].tolist())
     assert set(kernel.pushed) == set(rows.tolist()) - sentinels
     for row in rows.tolist():
-        data = kernel.pushed.get(row) or reader.cache.get(row)
+        data = kernel.pushed.get(row) or file_bytes.cache.get(row)
         assert data == (src / index.path(row).decode()).read_bytes()
     assert readahead.stats.held_files == len(sentinels)
     assert set(kernel.revealed) == set(rows.tolist()), "every batch had the kernel learn its files"
@@ -205,7 +205,7 @@ def test_files_the_kernel_holds_or_refuses(tmp_path: Path) -> None:
     sentinels are); a file the kernel refuses waits in the daemon's cache for its READ."""
     src, ds = _packed(tmp_path)
     kernel = FakeKernel()
-    index, reader, readahead = _engine(ds, kernel)
+    index, file_bytes, readahead = _engine(ds, kernel)
     rows = index.file_rows()
     kernel.cached.update(rows.tolist())
     refused = int(rows[1])
@@ -222,7 +222,7 @@ def test_files_the_kernel_holds_or_refuses(tmp_path: Path) -> None:
     _run(test, readahead)
     assert readahead.stats.forgotten_ahead == rows.size
     assert readahead.stats.push_refused == 1 and refused not in kernel.pushed
-    assert reader.cache.get(refused) == (src / index.path(refused).decode()).read_bytes()
+    assert file_bytes.cache.get(refused) == (src / index.path(refused).decode()).read_bytes()
 
 
 def test_the_read_ahead_of_a_reader_gone_quiet_pauses_and_resumes_where_it_reads(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
         assert gate.wait(bound(HANG)), "the push was never let through"
         pushed.append(row)
 
-    index, reader, readahead = _engine(ds, FakeKernel(push))
+    index, file_bytes, readahead = _engine(ds, FakeKernel(push))
     rows = index.file_rows()
     target = int(rows[-1])  # needed last: its storage read comes after the blocked first push
 
@@ -306,10 +306,10 @@ def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) 
         trio.run(main)
     finally:
         gate.set()
-    assert reader.cache.get(target) == (src / index.path(target).decode()).read_bytes()
+    assert file_bytes.cache.get(target) == (src / index.path(target).decode()).read_bytes()
     assert readahead.stats.handed_over == 1
     assert target not in pushed and len(pushed) > 0
-    assert reader.storage_reads == readahead.stats.storage_reads, "nothing was read twice"
+    assert file_bytes.storage_reads == readahead.stats.storage_reads, "nothing was read twice"
 
 
 def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_disk: Path) -> None:
@@ -324,11 +324,11 @@ def test_a_batch_from_cold_storage_is_announced_at_once_and_delivered_intact(on_
         for shard in ds.glob("*.shard"):
             drop_from_memory(shard)
         kernel = FakeKernel()
-        index, reader, readahead = _engine(ds, kernel)
+        index, file_bytes, readahead = _engine(ds, kernel)
         rows = index.file_rows()
         _run(_fetching(rows), readahead)
         for row in rows.tolist():
-            data = kernel.pushed.get(row) or reader.cache.get(row)
+            data = kernel.pushed.get(row) or file_bytes.cache.get(row)
             assert data == (src / index.path(row).decode()).read_bytes(), index.path(row)
         if readahead.stats.cold_batches >= 1:
             break

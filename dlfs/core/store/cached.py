@@ -19,7 +19,7 @@ of cache) and a remount starts from the maps' order, not the last one. A block i
 its bytes are written, so a crash leaves it unmarked (fetched again) or, after a power loss, marked
 with bytes that fail their file's checksum (as may a read racing the eviction of its block, which
 then reads the hole's zeros): every byte is checked by its reader, and a mismatch in
-bytes from here makes the reader ``forget`` them and read the store again (``dlfs.core.reader``),
+bytes from here makes ``FileBytes`` ``forget`` them and read the store again (``dlfs.core.file_bytes``),
 so damage costs one refetch, never a wrong byte. One mount uses a cache directory at a time (a
 lock): two would each keep their own budget and evict each other's blocks unknowingly.
 """

@@ -1,4 +1,4 @@
-"""The mount's READs of file bytes: ``Reader``'s blocking work in threads, off the event loop.
+"""The mount's READs of file bytes: ``FileBytes``'s blocking work in threads, off the event loop.
 
 A READ waiting for the disk must hold up no other request, so storage reads run in threads (at most
 ``--threads`` at once); concurrent READs of one file share one fetch. A small file whose bytes are
@@ -19,8 +19,8 @@ import trio
 
 from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError, StoreError
+from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
-from dlfs.core.reader import Reader
 from dlfs.core.store import Store
 
 T = TypeVar("T")
@@ -29,8 +29,8 @@ T = TypeVar("T")
 STORE_FAILURE_HOLD = 1.0
 
 
-class TrioReader(Reader):
-    """``Reader`` with ``read``, the event loop's way in."""
+class TrioFileBytes(FileBytes):
+    """``FileBytes`` with ``read``, the event loop's way in."""
 
     def __init__(self, index: Index, store: Store, cache: PayloadCache, max_threads: int = 16) -> None:
         super().__init__(index, store, cache)

@@ -3,7 +3,7 @@
 Every byte handed out has been checked against the checksum recorded at pack time; a mismatch is an
 ``IntegrityError`` (EIO at the mount), logged once per file, never wrong bytes. Files up to
 ``WHOLE_PAYLOAD_LIMIT`` are read whole (one storage request, then cached); larger ones are checked
-once by streaming, then served by range. Every method blocks: ``dlfs.fuse.trio_reader`` runs them in
+once by streaming, then served by range. Every method blocks: ``dlfs.fuse.trio_file_bytes`` runs them in
 threads for the mount's event loop, except ``load_cached``, which never waits for storage.
 """
 
@@ -28,7 +28,7 @@ VERIFY_CHUNK = 8 << 20
 INLINE_LIMIT = 1 << 20
 
 
-class Reader:
+class FileBytes:
     """A dataset's files, checked, through the payload cache."""
 
     def __init__(self, index: Index, store: Store, cache: PayloadCache) -> None:
