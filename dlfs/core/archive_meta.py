@@ -76,13 +76,13 @@ def _is_archive(archive: object) -> bool:
 
 
 def problem(meta: dict[str, Any]) -> str:
-    """What is wrong with an in-place index's archive and window tables ("" when nothing): its
+    """What is wrong with an in-place index's archive and shard-base tables ("" when nothing): its
     archives are identities, local (path, size, mtime) with paths that pass ``is_archive_path`` or
     all in one S3 bucket (URL, size, ETag) with URLs that pass ``is_s3_archive_url``, each named
-    once; each shard entry has a window (archive number, base) that lies inside its archive."""
-    archives, windows = meta.get("archives"), meta.get("windows")
-    if not isinstance(archives, list) or not isinstance(windows, list) or len(windows) != len(meta["shards"]):
-        return "its archive and window tables do not match its shard list"
+    once; each shard entry has a base (archive number, offset) and lies inside its archive."""
+    archives, bases = meta.get("archives"), meta.get("windows")
+    if not isinstance(archives, list) or not isinstance(bases, list) or len(bases) != len(meta["shards"]):
+        return "its archive and shard-base tables do not match its shard list"
     for number, archive in enumerate(archives):
         if not _is_archive(archive):
             return f"archive entry {number} is malformed or names a path not allowed"
@@ -91,14 +91,14 @@ def problem(meta: dict[str, Any]) -> str:
     kinds = {archive_location(archive).split("/", 3)[2] if "url" in archive else "" for archive in archives}
     if len(kinds) > 1:
         return "its archives are not all local files or all in one S3 bucket"
-    for number, (window, (_, size)) in enumerate(zip(windows, meta["shards"], strict=True)):
-        if not (isinstance(window, list) and len(window) == 2 and all(map(is_int, window))):
-            return f"window entry {number} is malformed"
-        archive, base = window
+    for number, (place, (_, size)) in enumerate(zip(bases, meta["shards"], strict=True)):
+        if not (isinstance(place, list) and len(place) == 2 and all(map(is_int, place))):
+            return f"the base of shard {number} is malformed"
+        archive, base = place
         if not 0 <= archive < len(archives):
-            return f"window entry {number} names no archive"
+            return f"shard {number} names no archive"
         if not 0 <= base <= base + size <= archives[archive]["size"]:
-            return f"window entry {number} lies outside its archive"
+            return f"shard {number} lies outside its archive"
     return ""
 
 

@@ -30,10 +30,10 @@ The index is written last and renamed into place, so a dataset without an index 
 
 An in-place dataset (``dlfs pack --in-place``) has no shard files: its metadata lists the tar files
 it was indexed from (``archives``: absolute path, size, mtime; or, for objects in S3, URL, size,
-ETag; ``archive_meta``) and its shards are windows of them
-(``windows``: archive number and base offset, one per shard entry, named
-``<dataset-id>.<NNNNN>.window``). A row's ``offset`` is relative to its window's base, so the
-32-bit column addresses archives of any size; a window holds no header, and the archive's identity
+ETag; ``archive_meta``) and its shards lie in them (``windows``, the format's key for the bases:
+archive number and base offset, one per shard entry, named ``<dataset-id>.<NNNNN>.window``). A
+row's ``offset`` is relative to its shard's base, so the 32-bit column addresses archives of any
+size; such a shard holds no header, and the archive's identity
 takes the place of the shard header's check.
 """
 
@@ -69,7 +69,7 @@ TRAILER = struct.Struct("<Q")
 INDEX_HEADER = struct.Struct("<8sIIQQQ")
 SHARD_HEADER = struct.Struct("<8sII16s")
 SHARD_SUFFIX = ".shard"
-WINDOW_SUFFIX = ".window"
+IN_PLACE_SUFFIX = ".window"
 
 FLAG_LZ4 = 1
 #: The stored bytes are a pack-time transform's output (``dlfs pack --transform``), not the source
@@ -153,9 +153,9 @@ def shard_name(dataset_id: str, shard_no: int) -> str:
     return f"{dataset_id}.{shard_no:05d}{SHARD_SUFFIX}"
 
 
-def window_name(dataset_id: str, window_no: int) -> str:
-    """The name an in-place dataset's shard entry (a window of an archive) goes by."""
-    return f"{dataset_id}.{window_no:05d}{WINDOW_SUFFIX}"
+def in_place_shard_name(dataset_id: str, shard_no: int) -> str:
+    """The name an in-place dataset's shard entry (bytes that lie in an archive) goes by."""
+    return f"{dataset_id}.{shard_no:05d}{IN_PLACE_SUFFIX}"
 
 
 def shard_header(dataset_id: str, shard_no: int) -> bytes:
@@ -366,7 +366,7 @@ def _check_meta(meta: object, source: str) -> None:
     if not isinstance(shards, list):
         raise invalid_index(source, "no shard list")
     in_place = "archives" in meta or "windows" in meta
-    named, smallest = (window_name, 0) if in_place else (shard_name, HEADER_SIZE)
+    named, smallest = (in_place_shard_name, 0) if in_place else (shard_name, HEADER_SIZE)
     for number, entry in enumerate(shards):
         if not (isinstance(entry, list) and len(entry) == 2 and is_int(entry[1])):
             raise invalid_index(source, f"shard entry {number} is malformed")

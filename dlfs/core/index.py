@@ -61,13 +61,11 @@ class Index:
         #: The tar files an in-place dataset's bytes are read from (``dlfs pack --in-place``): each
         #: one's path, size and mtime when indexed; empty for a packed dataset.
         self.archives: list[dict[str, Any]] = meta.get("archives", [])
-        windows = meta.get("windows", [])
+        bases = meta.get("windows", [])
         #: Each shard's archive (in-place datasets) and where in it the shard starts: a row's bytes
         #: lie at ``shard_base[shard] + offset`` of the file read (0 for a shard file).
-        self.shard_archive = np.array([number for number, _ in windows], dtype=np.int64)
-        self.shard_base = np.array(
-            [base for _, base in windows] or [0] * len(self.shard_names), dtype=np.int64
-        )
+        self.shard_archive = np.array([number for number, _ in bases], dtype=np.int64)
+        self.shard_base = np.array([base for _, base in bases] or [0] * len(self.shard_names), dtype=np.int64)
         self.parent = arrays["parent"]
         self.name_off = arrays["name_off"]
         self.names = arrays["names"]

@@ -37,7 +37,7 @@ def shard_store(
     if not index.archives:
         check_shards(index, store)
         return store
-    windows = [
+    places = [
         (name, int(number), int(base), size)
         for name, number, base, size in zip(
             index.shard_names, index.shard_archive, index.shard_base, index.shard_sizes, strict=True
@@ -46,7 +46,7 @@ def shard_store(
     if index.archives_in_s3:
         from dlfs.core.store.s3.archives import S3ArchiveStore
 
-        objects: Store = S3ArchiveStore(index.archives, windows, options)
+        objects: Store = S3ArchiveStore(index.archives, places, options)
         if isinstance(store, CachedStore):  # the index came through the tier: it serves the objects now
             store.front(objects)
             return store
@@ -61,7 +61,7 @@ def shard_store(
             f"{store.url} holds an in-place index of local tars, which only a local directory may hold"
         )
     owner = os.stat(Path(root) / fmt.INDEX_NAME).st_uid
-    return ArchiveStore(index.archives, windows, owner, random_access)
+    return ArchiveStore(index.archives, places, owner, random_access)
 
 
 def check_shards(index: Index, store: Store) -> None:

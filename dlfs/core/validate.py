@@ -187,7 +187,7 @@ def _check_files(
     meta: dict[str, Any], arrays: dict[str, np.ndarray], is_file: np.ndarray, source: str
 ) -> None:
     """Each file's stored bytes lie inside its shard's recorded size, after the header (an
-    in-place dataset's windows have none); raw files
+    in-place dataset's shards have none); raw files
     store exactly their size; lz4 files decompress to at most ``WHOLE_PAYLOAD_LIMIT`` (the most a
     read allocates for one file); no flag this version does not know. ``dlfs pack`` writes shard 0
     and no flags for directories and symlinks, so those two are checked on every row, with one

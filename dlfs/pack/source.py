@@ -34,8 +34,8 @@ from dlfs.pack.walk import Tree
 
 
 class Shards(Protocol):
-    """Where a source's bytes go: shards written into the store (``writers``), or the windows of
-    the tars the bytes already lie in (``in_place.ArchiveWindows``)."""
+    """Where a source's bytes go: shards written into the store (``writers``), or shards that
+    lie in the tars the bytes already are in (``in_place.InPlaceShards``)."""
 
     def finish(self) -> list[tuple[str, int]]:
         """The index's shard list, (name, size) each, once every byte is written."""

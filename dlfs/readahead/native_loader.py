@@ -104,7 +104,7 @@ class NativeLoader:
     @functools.cached_property
     def _bases(self) -> np.ndarray:
         """Where each shard starts in the file its descriptor reads: an in-place dataset's local
-        tar at the window's base; a disk tier's file holds each shard, a window of an object in
+        tar at the shard's base; a disk tier's file holds each shard, an in-place one of an object in
         S3 too, at the shard's own offsets."""
         if self.file_bytes.partly_local:
             return np.zeros_like(self.index.shard_base)

@@ -140,11 +140,11 @@ def _archive(key: str, value: object) -> Callable[[Arrays, Meta], None]:
     return lambda arrays, meta: meta["archives"][0].__setitem__(key, value)
 
 
-def _window(field: int, value: object) -> Callable[[Arrays, Meta], None]:
+def _base(field: int, value: object) -> Callable[[Arrays, Meta], None]:
     return lambda arrays, meta: meta["windows"][0].__setitem__(field, value)
 
 
-def _window_past_its_archive(arrays: Arrays, meta: Meta) -> None:
+def _shard_past_its_archive(arrays: Arrays, meta: Meta) -> None:
     meta["windows"][0][1] = meta["archives"][0]["size"] - meta["shards"][0][1] + 1
 
 
@@ -168,13 +168,13 @@ IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
         lambda a, m: m["archives"].append(dict(m["archives"][0])),
         "names an archive twice",
     ),
-    "a window of no archive": (_window(0, 1), "names no archive"),
-    "a window before its archive": (_window(1, -1), "outside its archive"),
-    "a window past its archive's end": (_window_past_its_archive, "outside its archive"),
-    "a malformed window": (_window(1, "0"), "window entry 0 is malformed"),
-    "windows fewer than shards": (lambda a, m: m["windows"].clear(), "do not match its shard list"),
+    "a shard of no archive": (_base(0, 1), "names no archive"),
+    "a shard before its archive": (_base(1, -1), "outside its archive"),
+    "a shard past its archive's end": (_shard_past_its_archive, "outside its archive"),
+    "a malformed shard base": (_base(1, "0"), "the base of shard 0 is malformed"),
+    "shard bases fewer than shards": (lambda a, m: m["windows"].clear(), "do not match its shard list"),
     "no archive table": (lambda a, m: m.pop("archives"), "do not match its shard list"),
-    "a window named as a shard": (
+    "an in-place shard named as a shard file": (
         lambda a, m: m["shards"][0].__setitem__(0, fmt.shard_name(m["dataset_id"], 0)),
         "is not named",
     ),
@@ -224,7 +224,7 @@ S3_IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
         lambda a, m: m["archives"].append({"path": "/tmp/src.tar", "size": 1, "mtime_ns": 0}),
         "not all local files or all in one S3 bucket",
     ),
-    "an S3 window past its object's end": (_window_past_its_archive, "outside its archive"),
+    "an S3 shard past its object's end": (_shard_past_its_archive, "outside its archive"),
 }
 
 
@@ -237,7 +237,7 @@ S3_IN_PLACE_CASES: dict[str, tuple[Callable[[Arrays, Meta], None], str]] = {
 def test_crafted_columns_and_metadata_are_refused(
     packed: str, case: str, request: pytest.FixtureRequest
 ) -> None:
-    """In-place indexes name files the daemon opens: only absolute, normalised paths, and windows
+    """In-place indexes name files the daemon opens: only absolute, normalised paths, and shards
     inside them."""
     valid = request.getfixturevalue(packed)
     load(valid)

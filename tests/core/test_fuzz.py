@@ -130,11 +130,11 @@ def try_load(raw: bytes) -> Index | None:
         assert peak < 4 * len(raw) + ALLOCATION_SLACK, f"loading allocated {peak} bytes"
 
 
-def assert_windows_inside(index: Index) -> None:
+def assert_shards_inside(index: Index) -> None:
     """An in-place index that loaded names only absolute, normalised archive paths, and each of
-    its windows lies inside its archive."""
-    windows = zip(index.shard_archive, index.shard_base, strict=True) if index.archives else []
-    for number, (archive, base) in enumerate(windows):
+    its shards lies inside its archive."""
+    bases = zip(index.shard_archive, index.shard_base, strict=True) if index.archives else []
+    for number, (archive, base) in enumerate(bases):
         owner = index.archives[int(archive)]
         assert archive_meta.is_archive_path(owner["path"])
         assert 0 <= int(base) <= int(base) + index.shard_sizes[number] <= owner["size"]
@@ -255,7 +255,7 @@ def test_mutated_indexes_load_soundly_or_are_a_dataset_error(
 ) -> None:
     valid = (request.getfixturevalue(packed) / fmt.INDEX_NAME).read_bytes()
     assert_sound(load(valid))
-    assert_windows_inside(load(valid))
+    assert_shards_inside(load(valid))
 
     @FUZZ
     @given(mutation=mutations(valid), seal=st.booleans())

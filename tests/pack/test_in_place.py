@@ -101,14 +101,14 @@ def test_nested_class_tars_are_served_in_place_with_expand_tars(tmp_path: Path) 
     assert [a["path"] for a in index_of(dst).archives] == [str(train)]
 
 
-def test_a_tar_larger_than_a_window_is_cut_into_windows(
+def test_a_tar_larger_than_a_shard_is_cut_into_shards(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Offsets are 32-bit within a window: a tar past ``WINDOW_MAX`` (4 GiB) takes several, each
+    """Offsets are 32-bit within a shard: a tar past ``IN_PLACE_SHARD_MAX`` (4 GiB) takes several, each
     starting at a member (here with the limit lowered to 64 KiB, in process)."""
     from dlfs.pack.archive import in_place
 
-    monkeypatch.setattr(in_place, "WINDOW_MAX", 64 << 10)
+    monkeypatch.setattr(in_place, "IN_PLACE_SHARD_MAX", 64 << 10)
     expected = write_shards(tmp_path / "shards", shards=1, samples=80)
     dst = tmp_path / "dst"
     pack(tmp_path / "shards" / "shard-000000.tar", dst, PackOptions(progress=False, in_place=True))

@@ -201,7 +201,7 @@ def test_the_disk_tier_serves_a_second_read_without_gets(
 def test_the_read_ahead_fetches_the_published_order_from_s3(
     shards: tuple[str, dict[str, bytes]], tmp_path: Path, mount, tier: str
 ) -> None:
-    """Through the disk tier the C loop reads the tier's file, which holds each window at its own
+    """Through the disk tier the C loop reads the tier's file, which holds each shard at its own
     offsets, not the object's."""
     prefix, expected = shards
     dlfs("pack", "--in-place", prefix, tmp_path / "dst")

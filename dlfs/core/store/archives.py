@@ -1,6 +1,7 @@
-"""An in-place dataset's bytes: windows of the tar files it was indexed from (``dlfs pack --in-place``).
+"""An in-place dataset's bytes: its shards, which lie in the tar files it was indexed from
+(``dlfs pack --in-place``).
 
-Each shard of such a dataset is a window of an archive, ``base`` bytes into it (``dlfs.core.format``),
+Each shard of such a dataset lies in an archive, ``base`` bytes into it (``dlfs.core.format``),
 so a read of shard ``k`` at ``offset`` is a ``pread`` of its archive at ``base + offset``. The C
 readers take the archive's descriptor and add the base themselves (``Index.shard_base``).
 
@@ -26,9 +27,9 @@ import time
 from typing import Any
 
 from dlfs.core.errors import ShardError, StoreError
+from dlfs.core.store.archive_shards import ArchiveShards
 from dlfs.core.store.interface import InPlaceWriter
 from dlfs.core.store.local import LocalStore
-from dlfs.core.store.windows import Windows
 
 AGAIN = "re-run dlfs pack --in-place"
 
@@ -97,40 +98,40 @@ def allow_descriptors(more: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (wanted if hard == resource.RLIM_INFINITY else hard, hard))
 
 
-class ArchiveStore(Windows, LocalStore):
-    """The windows of an in-place dataset's archives, read like a directory's shards (``LocalStore``)
-    at the window's base. Read-only."""
+class ArchiveStore(ArchiveShards, LocalStore):
+    """The shards of an in-place dataset, read like a directory's shards (``LocalStore``) at each
+    shard's base in its archive. Read-only."""
 
     def __init__(
         self,
         archives: list[dict[str, Any]],
-        windows: list[tuple[str, int, int, int]],
+        places: list[tuple[str, int, int, int]],
         owner: int,
         random_access: bool = False,
     ) -> None:
-        """``windows``: (shard name, archive number, base, size) of each shard; ``owner``: the uid
+        """``places``: (shard name, archive number, base, size) of each shard; ``owner``: the uid
         of the index file. Every archive is opened and checked here (``open_archive``)."""
         super().__init__("/", random_access, durable=False)
         self.url = ", ".join(archive["path"] for archive in archives)
         self._paths = [archive["path"] for archive in archives]
         self._checked: list[int] = []
-        # Each archive's checked descriptor, and each window's through the page cache and direct.
-        allow_descriptors(len(archives) + 2 * len(windows))
+        # Each archive's checked descriptor, and each shard's through the page cache and direct.
+        allow_descriptors(len(archives) + 2 * len(places))
         try:
             for archive in archives:
                 self._checked.append(open_archive(archive, owner))
         except BaseException:
             self.close()
             raise
-        self._windows = {name: (number, base, size) for name, number, base, size in windows}
+        self._places = {name: (number, base, size) for name, number, base, size in places}
 
     def _open(self, name: str, flags: int) -> int:
         """A new open file of the checked archive: its own read-ahead advice, or O_DIRECT."""
-        number, _, _ = self._windows[name]
+        number, _, _ = self._places[name]
         return os.open(f"/proc/self/fd/{self._checked[number]}", flags)
 
     def _base(self, name: str) -> int:
-        return self._windows[name][1]
+        return self._places[name][1]
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         return super().read(name, self._base(name) + offset, length)
@@ -144,7 +145,7 @@ class ArchiveStore(Windows, LocalStore):
         super().will_read(name, self._base(name) + offset, length)
 
     def _read_error(self, name: str, offset: int, exc: OSError) -> StoreError:
-        return StoreError(f"reading {self._paths[self._windows[name][0]]} at {offset}: {exc.strerror}")
+        return StoreError(f"reading {self._paths[self._places[name][0]]} at {offset}: {exc.strerror}")
 
     def create_in_place(self, name: str) -> InPlaceWriter:
         raise StoreError("an in-place dataset's archives are read-only")

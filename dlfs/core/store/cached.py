@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlfs.core.errors import StoreError
-from dlfs.core.format import SHARD_SUFFIX, WINDOW_SUFFIX
+from dlfs.core.format import IN_PLACE_SUFFIX, SHARD_SUFFIX
 from dlfs.core.libc import punch_hole
 from dlfs.core.store.interface import ShardWriter, Store
 
@@ -49,9 +49,9 @@ BLOCK = 1 << 20
 #: Share of the free space a cache directory takes when no ``--cache-dir-size`` is given.
 DEFAULT_SHARE = 0.8
 MAP_SUFFIX = ".map"
-#: What the tier keeps blocks of: shards, and the windows of an in-place dataset's objects (the
-#: index has a local copy of its own).
-TIERED = (SHARD_SUFFIX, WINDOW_SUFFIX)
+#: What the tier keeps blocks of: shards, an in-place dataset's too (those lie in its objects); the
+#: index has a local copy of its own.
+TIERED = (SHARD_SUFFIX, IN_PLACE_SUFFIX)
 
 Key = tuple[str, int]
 

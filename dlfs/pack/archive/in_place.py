@@ -8,8 +8,8 @@ same names, links, duplicates and refusals), but instead of copying a member's b
 shard it checksums them and records where they lie in the tar: with ``--expand-tars`` a nested
 tar's members are contiguous bytes of the outer file too. Only the index is written.
 
-A member's place is (window, offset in it): the windows cut each tar into runs of at most
-``WINDOW_MAX`` bytes, a new one starting at the first member that would cross the end, so the
+A member's place is (shard, offset in it): the shards cut each tar into runs of at most
+``IN_PLACE_SHARD_MAX`` bytes, a new one starting at the first member that would cross the end, so the
 index's 32-bit ``offset`` column addresses tars of any size (``dlfs.core.format``). Each tar's
 identity (path, size, mtime; an object's URL, size, ETag) is recorded; a mount refuses a tar that no
 longer matches (``dlfs.core.store.archives``, ``dlfs.core.store.s3.archives``), and a byte changed
@@ -51,34 +51,34 @@ if TYPE_CHECKING:
 #: What to do instead, in every refusal of a source or member that cannot be served in place.
 INSTEAD = "pack without --in-place, which copies the bytes into shards"
 TAR_SUFFIX = ".tar"
-#: Most bytes from a window's base to the end of its last member: the 32-bit ``offset`` column's
+#: Most bytes from a shard's base to the end of its last member: the 32-bit ``offset`` column's
 #: reach.
-WINDOW_MAX = fmt.SHARD_MAX
+IN_PLACE_SHARD_MAX = fmt.SHARD_MAX
 
 
-class ArchiveWindows:
-    """Where members lie: windows of the tars, numbered in the order members arrive (the shard
+class InPlaceShards:
+    """Where members lie: the shards cut from the tars, numbered in the order members arrive (the shard
     list of the index), and the tars' identities."""
 
     def __init__(self, dataset_id: str, archives: list[dict[str, Any]]) -> None:
         self.dataset_id = dataset_id
         self.archives = archives
-        #: (archive number, base, end) of each window.
-        self.windows: list[list[int]] = []
+        #: (archive number, base, end) of each shard.
+        self.places: list[list[int]] = []
 
     def place_run(
         self, archive: int, offsets: np.ndarray, sizes: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``place`` for members in increasing offsets: their windows and offsets in them."""
-        last = self.windows[-1] if self.windows else None
+        """``place`` for members in increasing offsets: their shards and offsets in them."""
+        last = self.places[-1] if self.places else None
         ends = offsets + sizes
         if (
             last is not None
             and last[0] == archive
-            and int(offsets[-1]) + max(int(sizes[-1]), 1) - last[1] <= WINDOW_MAX
+            and int(offsets[-1]) + max(int(sizes[-1]), 1) - last[1] <= IN_PLACE_SHARD_MAX
         ):
             last[2] = max(last[2], int(ends.max()))
-            return np.full(len(offsets), len(self.windows) - 1, np.int64), offsets - last[1]
+            return np.full(len(offsets), len(self.places) - 1, np.int64), offsets - last[1]
         placed = [
             self.place(archive, offset, size)
             for offset, size in zip(offsets.tolist(), sizes.tolist(), strict=True)
@@ -86,24 +86,25 @@ class ArchiveWindows:
         return np.array([w for w, _ in placed], np.int64), np.array([o for _, o in placed], np.int64)
 
     def place(self, archive: int, offset: int, size: int) -> tuple[int, int]:
-        """(window, offset in it) of ``size`` bytes at ``offset`` of tar ``archive``; members of a
+        """(shard, offset in it) of ``size`` bytes at ``offset`` of tar ``archive``; members of a
         tar arrive in increasing offsets."""
-        last = self.windows[-1] if self.windows else None
-        if last is None or last[0] != archive or offset + max(size, 1) - last[1] > WINDOW_MAX:
+        last = self.places[-1] if self.places else None
+        if last is None or last[0] != archive or offset + max(size, 1) - last[1] > IN_PLACE_SHARD_MAX:
             last = [archive, offset, offset]
-            self.windows.append(last)
+            self.places.append(last)
         last[2] = max(last[2], offset + size)
-        return len(self.windows) - 1, offset - last[1]
+        return len(self.places) - 1, offset - last[1]
 
     def finish(self) -> list[tuple[str, int]]:
-        """The index's shard list: each window's name and length."""
+        """The index's shard list: each shard's name and length."""
         return [
-            (fmt.window_name(self.dataset_id, k), end - base) for k, (_, base, end) in enumerate(self.windows)
+            (fmt.in_place_shard_name(self.dataset_id, k), end - base)
+            for k, (_, base, end) in enumerate(self.places)
         ]
 
     def meta(self) -> dict[str, Any]:
-        """The index metadata of an in-place dataset (``format._check_windows``)."""
-        return {"archives": self.archives, "windows": [[number, base] for number, base, _ in self.windows]}
+        """The index metadata of an in-place dataset (``archive_meta.problem``)."""
+        return {"archives": self.archives, "windows": [[number, base] for number, base, _ in self.places]}
 
     def abort(self) -> None:
         """Nothing was written."""
@@ -115,7 +116,7 @@ class _Checksums:
     def __init__(
         self,
         ledger: Ledger,
-        windows: ArchiveWindows,
+        shards: InPlaceShards,
         summary: PackSummary,
         tar: Positional,
         number: int,
@@ -123,12 +124,12 @@ class _Checksums:
         bar: tqdm,
         started: float,
     ) -> None:
-        self.ledger, self.windows, self.summary = ledger, windows, summary
+        self.ledger, self.shards, self.summary = ledger, shards, summary
         self.tar, self.number, self.scanner = tar, number, scanner
         self.bar, self.started = bar, started
 
     def add_run(self, run: FileRun) -> None:
-        shards, offsets = self.windows.place_run(self.number, run.offsets, run.sizes)
+        shards, offsets = self.shards.place_run(self.number, run.offsets, run.sizes)
         self.ledger.add_run(run, shards, offsets, run.sizes, run.checksums)
         size = int(run.sizes.sum())
         self.summary.source_bytes += size
@@ -141,7 +142,7 @@ class _Checksums:
                 f"in the archive as they read; {INSTEAD}"
             )
         digest = self._checksum(member)
-        shard, offset = self.windows.place(self.number, member.offset, member.stored)
+        shard, offset = self.shards.place(self.number, member.offset, member.stored)
         payload = Payload(b"", 0 if member.sparse is None else fmt.FLAG_SPARSE, member.size, digest)
         self.ledger.add(member, payload, shard, offset, member.stored)
         self.summary.source_bytes += member.size
@@ -187,7 +188,7 @@ class InPlaceSource:
         self.kind = "tar folder" if self.of_tars else "tar"
         #: A local folder the destination must not lie inside: none (``source.Source``).
         self.local_folder = None
-        #: What the index records of each tar, as each is opened (``ArchiveWindows.meta``).
+        #: What the index records of each tar, as each is opened (``InPlaceShards.meta``).
         self.identities: list[dict[str, Any]] = []
         if self.of_tars and self.bucket is None:
             st = Path(source).stat()
@@ -224,13 +225,13 @@ class InPlaceSource:
         assert positional is not None
         return archive, positional
 
-    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> ArchiveWindows:
-        """The windows of the tars the bytes lie in: nothing is written but the index."""
-        self._windows = ArchiveWindows(dataset_id, self.identities)
-        return self._windows
+    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> InPlaceShards:
+        """The shards the tars' bytes lie in: nothing is written but the index."""
+        self._shards = InPlaceShards(dataset_id, self.identities)
+        return self._shards
 
     def pack(
-        self, windows: ArchiveWindows, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
+        self, shards: InPlaceShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
         """Record every member of every tar, and where its bytes lie; the tree and placements.
         Every tar is read on this thread: ``pools`` does not serve."""
@@ -241,7 +242,7 @@ class InPlaceSource:
             for number, name in enumerate(self.tars):
                 archive, tar = self._open(name)
                 try:
-                    self._index(archive, tar, number, ledger, windows, options, summary, (bar, started))
+                    self._index(archive, tar, number, ledger, shards, options, summary, (bar, started))
                 finally:
                     tar.close()
                     archive.close()
@@ -254,7 +255,7 @@ class InPlaceSource:
         tar: Positional,
         number: int,
         ledger: Ledger,
-        windows: ArchiveWindows,
+        shards: InPlaceShards,
         options: PackOptions,
         summary: PackSummary,
         progress: tuple[tqdm, float],
@@ -268,14 +269,14 @@ class InPlaceSource:
             prefix = os.fsencode(Path(archive.name).name)[: -len(TAR_SUFFIX)]
             ledger.folder(members.folder_of(Member(prefix, stat.S_IFREG, *tar.owner()), prefix))
         scanner = archive.scanner(tar.read_into, False, options) if isinstance(tar, LocalTar) else None
-        sink = _Checksums(ledger, windows, summary, tar, number, scanner, *progress)
+        sink = _Checksums(ledger, shards, summary, tar, number, scanner, *progress)
         archive.record(ledger, sink, options, summary, prefix)
         if tar.identity() != before:
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
 
     def index_meta(self) -> dict[str, Any]:
-        """The tars and the windows of them the index's shards are (``format``)."""
-        return self._windows.meta()
+        """The tars and where in them the index's shards lie (``format``)."""
+        return self._shards.meta()
 
     def close(self) -> None:
         """Nothing is held open between tars but the S3 client."""

@@ -1,7 +1,7 @@
-"""An in-place dataset's bytes in S3: windows of the tar objects it was indexed from
+"""An in-place dataset's bytes in S3: shards lying in the tar objects it was indexed from
 (``dlfs pack --in-place s3://…``).
 
-Each shard of such a dataset is a window of an object, ``base`` bytes into it (``dlfs.core.format``),
+Each shard of such a dataset lies in an object, ``base`` bytes into it (``dlfs.core.format``),
 so a read of shard ``k`` at ``offset`` is a ranged GET of its object at ``base + offset``. Everything
 else is ``S3Store``'s: the GETs hinted ahead (``will_read``), read into the caller's buffer
 (``read_into``), retried, counted; the disk tier goes in front as for any dataset in S3.
@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from dlfs.core.errors import ShardError
+from dlfs.core.store.archive_shards import ArchiveShards
 from dlfs.core.store.archives import AGAIN
 from dlfs.core.store.interface import StoreOptions
 from dlfs.core.store.s3.location import Location
 from dlfs.core.store.s3.store import S3Store
-from dlfs.core.store.windows import Windows
 
 if TYPE_CHECKING:
     from obstore import Bytes
@@ -32,17 +32,17 @@ if TYPE_CHECKING:
 CHECKERS = 16
 
 
-class S3ArchiveStore(Windows, S3Store):
-    """The windows of an in-place dataset's tar objects, all in one bucket (``format`` checks it),
+class S3ArchiveStore(ArchiveShards, S3Store):
+    """The shards of an in-place dataset's tar objects, all in one bucket (``format`` checks it),
     read like a prefix's shards. Read-only."""
 
     def __init__(
         self,
         archives: list[dict[str, Any]],
-        windows: list[tuple[str, int, int, int]],
+        places: list[tuple[str, int, int, int]],
         options: StoreOptions | None = None,
     ) -> None:
-        """``windows``: (shard name, archive number, base, size) of each shard. Every object is
+        """``places``: (shard name, archive number, base, size) of each shard. Every object is
         checked here to be the one indexed."""
         locations = [Location.parse(archive["url"]) for archive in archives]
         super().__init__(f"s3://{locations[0].bucket}", options)
@@ -50,7 +50,7 @@ class S3ArchiveStore(Windows, S3Store):
         self._objects = [
             (location.prefix, archive["etag"]) for location, archive in zip(locations, archives, strict=True)
         ]
-        self._windows = {name: (number, base, size) for name, number, base, size in windows}
+        self._places = {name: (number, base, size) for name, number, base, size in places}
         try:
             with ThreadPoolExecutor(CHECKERS, thread_name_prefix="dlfs-s3-check") as pool:
                 list(pool.map(self._check, archives))
@@ -71,8 +71,8 @@ class S3ArchiveStore(Windows, S3Store):
             )
 
     def _get(self, name: str, offset: int, length: int) -> Bytes:
-        """The GET of a window's bytes: of its object, at its base, of the version indexed."""
-        number, base, _ = self._windows[name]
+        """The GET of a shard's bytes: of its object, at its base, of the version indexed."""
+        number, base, _ = self._places[name]
         key, etag = self._objects[number]
         return self.get_object(key, base + offset, length, etag)
 

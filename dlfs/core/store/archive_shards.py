@@ -1,4 +1,4 @@
-"""An in-place dataset's shards as windows of the archives it was indexed from: what every store of
+"""An in-place dataset's shards, which lie in the archives it was indexed from: what every store of
 them answers alike, local tars (``archives``) or objects in S3 (``s3.archives``)."""
 
 from __future__ import annotations
@@ -9,22 +9,22 @@ from dlfs.core.errors import StoreError
 from dlfs.core.store.interface import ShardWriter
 
 
-class Windows:
-    """Sizes and names from the index's windows, and a refusal of every write; mixed in before the
-    store that reads the archives."""
+class ArchiveShards:
+    """Sizes and names from the index's shard list and bases, and a refusal of every write; mixed
+    in before the store that reads the archives."""
 
-    #: (archive number, base, size) of each window, by shard name.
-    _windows: dict[str, tuple[int, int, int]]
+    #: (archive number, base, size) of each shard, by shard name.
+    _places: dict[str, tuple[int, int, int]]
 
     def size(self, name: str) -> int | None:
-        window = self._windows.get(name)
-        return None if window is None else window[2]
+        place = self._places.get(name)
+        return None if place is None else place[2]
 
     def sizes(self) -> dict[str, int]:
-        return {name: size for name, (_, _, size) in self._windows.items()}
+        return {name: size for name, (_, _, size) in self._places.items()}
 
     def names(self) -> list[str]:
-        return sorted(self._windows)
+        return sorted(self._places)
 
     def map_index(self, name: str) -> memoryview:
         raise StoreError("an in-place dataset's archives hold no index")
