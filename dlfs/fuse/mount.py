@@ -58,9 +58,9 @@ class MountOptions:
     #: 16 rather than 8: with both cores busy pushing, more reads queued keep a cold disk busy
     #: (docs/design.md, "The read-ahead"); each batch in flight holds an 8 MiB read buffer.
     readahead_inflight: int = 16
-    #: Seconds without a read from its reader after which a sequence's read-ahead, its window full,
-    #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per window,
-    #: so one that drains its window within eight times this is never paused while it reads. A
+    #: Seconds without a read from its reader after which a sequence's read-ahead, its lead full,
+    #: pauses (``dlfs.readahead.engine``). Readers are seen at sentinels, at least eight per lead,
+    #: so one that drains its lead within eight times this is never paused while it reads. A
     #: validation pass or a checkpoint shorter than this changes nothing; a longer one only leaves
     #: the files the kernel forgets meanwhile to be fetched when the reader is back.
     readahead_pause: float = 30.0

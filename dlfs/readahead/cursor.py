@@ -21,14 +21,14 @@ class Move(enum.Enum):
     """What a read of a position in the sequence says about its reader."""
 
     NONE = enum.auto()  # a file of no followed sequence, or of another reader (see ``Follow.read``)
-    BEHIND = enum.auto()  # a slower worker, less than a window behind the cursor
+    BEHIND = enum.auto()  # a slower worker, less than a lead behind the cursor
     ADVANCED = enum.auto()  # the reader got further
-    SKIPPED = enum.auto()  # the reader jumped more than a window past what was fetched
+    SKIPPED = enum.auto()  # the reader jumped more than a lead past what was fetched
     RESTARTED = enum.auto()  # the epoch started over
 
 
 #: Reads that show the sequence's own reader at work: they keep its read-ahead going, or resume it.
-#: A skip does not: any reader's file lands more than a window ahead of most sequences' cursors.
+#: A skip does not: any reader's file lands more than a lead ahead of most sequences' cursors.
 READER_MOVES = frozenset({Move.BEHIND, Move.ADVANCED, Move.RESTARTED})
 
 
@@ -49,7 +49,7 @@ class Follow:
 
     reading: Reading
     position: np.ndarray  # row -> first position in the sequence, or -1 (int32: 5 MB per 1.28 M rows)
-    sizes: np.ndarray  # cumulative bytes of the sequence, for O(1) window sizes
+    sizes: np.ndarray  # cumulative bytes of the sequence, for O(1) lead sizes
     done: np.ndarray  # position -> fetched (meaningful from ``fetched`` on)
     cursor: int = 0
     fetched: int = 0
@@ -73,7 +73,7 @@ class Follow:
     def size_at(self, positions: np.ndarray) -> np.ndarray:
         return self.sizes[positions + 1] - self.sizes[positions]
 
-    def window_files(self, budget: int, sentinel_every: int) -> int:
+    def lead_files(self, budget: int, sentinel_every: int) -> int:
         """Files the budget holds from the cursor on, and never fewer than one sentinel spacing."""
         ahead = np.searchsorted(self.sizes, self.sizes[self.cursor] + budget)
         return max(int(ahead) - self.cursor, sentinel_every)
@@ -129,12 +129,12 @@ class Follow:
 
         Several readers (DataLoader workers) share one sequence and never quite keep step, so the
         cursor is the furthest position seen. A read behind it is a slower worker, unless it is one
-        of the sequence's first two sentinels while the cursor is a window past it: then the epoch
+        of the sequence's first two sentinels while the cursor is a lead past it: then the epoch
         restarted. Sentinels are never pushed, so a reader starting over always reaches them; a
-        slow worker a window behind is common, one still at the very start is not. Any other read
-        more than a window behind is another reader's file: every file is in every epoch.
+        slow worker a lead behind is common, one still at the very start is not. Any other read
+        more than a lead behind is another reader's file: every file is in every epoch.
 
-        A read beyond what was fetched moves the fetching there only when it is more than a window
+        A read beyond what was fetched moves the fetching there only when it is more than a lead
         ahead (a reader skipped); a nearer one is a fast worker, and the files behind it are exactly
         what the others need next, so they are still fetched. A paused sequence takes no skip: its
         reader comes back where it stopped (a job that starts over elsewhere resolves the order file
@@ -143,11 +143,11 @@ class Follow:
         pos = int(self.position[row])
         if pos < 0:
             return Seen(Move.NONE)
-        # The window (a binary search) only matters for reads past what was fetched or behind the
+        # The lead (a binary search) only matters for reads past what was fetched or behind the
         # cursor; most reads that reach the daemon are sentinels between the two.
         if pos >= self.cursor:
             move = Move.ADVANCED
-            if pos >= self.fetched and pos >= self.fetched + self.window_files(budget, sentinel_every):
+            if pos >= self.fetched and pos >= self.fetched + self.lead_files(budget, sentinel_every):
                 if self.paused:
                     return Seen(Move.NONE)
                 move = Move.SKIPPED
@@ -156,7 +156,7 @@ class Follow:
             self.advance(pos)
             return Seen(move, passed)
         behind = self.cursor - pos
-        if behind < self.window_files(budget, sentinel_every):
+        if behind < self.lead_files(budget, sentinel_every):
             return Seen(Move.BEHIND)
         if pos in (0, sentinel_every):
             self.restart(pos)

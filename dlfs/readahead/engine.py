@@ -8,19 +8,20 @@ before fetching, the engine has the kernel learn the files (``Kernel.reveal``). 
 refused waits in the daemon's cache for the read instead.
 
 The reader's position is learned from the reads that do reach the daemon (``cursor``): every
-``sentinel_every``-th file of a window is deliberately *not* pushed but kept in the daemon's cache,
+``sentinel_every``-th file of a lead is deliberately *not* pushed but kept in the daemon's cache,
 so that reaching it tells the engine how far the reader got. What to fetch next is ``batch``'s
 plan; how storage is read is ``reads``'; the C loop (``native_loader``) pushes the common files and
 the Python loader the rest; a READ of a file a batch is loading waits for it (``handoff``). At most
-``max_inflight`` batches run at once; bytes ahead of the reader never exceed the budget.
+``max_inflight`` batches run at once; the bytes fetched ahead of the reader, a sequence's *lead*,
+never exceed the budget.
 
-The read-ahead works only while its reader does. A sequence whose window is full and whose reader
+The read-ahead works only while its reader does. A sequence whose lead is full and whose reader
 has not been seen for ``pause_after`` seconds (``MountOptions.readahead_pause``) pauses: it keeps
 what it fetched, and fetches nothing more, not even the files the kernel forgets (a job that
-stopped mid-epoch would otherwise have its window fetched again after every eviction, for as long
+stopped mid-epoch would otherwise have its lead fetched again after every eviction, for as long
 as the mount lives). The reader's next read that reaches the daemon, or its resolving the order
 file again, resumes it at once, from where the reader is. A pause the reader comes back from costs
-nothing while the kernel keeps the window: its files are still in the page cache.
+nothing while the kernel keeps the lead: its files are still in the page cache.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ class ReadAhead:
 
     def forgotten(self, rows: np.ndarray) -> None:
         """The kernel dropped these entries, and with them any pages pushed for them: pushed files
-        still ahead of a reader, within its window, are fetched again (the batches the kernel does
+        still ahead of a reader, within its lead, are fetched again (the batches the kernel does
         keep are skipped cheaply then); those of a paused sequence once it resumes."""
         for follow in self._follows.values():
             lost = follow.forgotten(rows)
@@ -155,7 +156,7 @@ class ReadAhead:
                 self._wake.set()
 
     async def run(self) -> None:
-        """Background task: keep every followed window full. Runs until cancelled."""
+        """Background task: keep every followed sequence's lead full. Runs until cancelled."""
         pusher = self.kernel.pusher()
         if pusher is not None:
             self.native = NativeLoader(
@@ -179,7 +180,7 @@ class ReadAhead:
         log.info("%s: no read for %.0f s, read-ahead paused", follow.reading.label, now - follow.heard)
 
     def _fill(self, follow: Follow, nursery: trio.Nursery) -> bool:
-        """Start batches of ``follow`` until its window is full (True) or ``max_inflight`` batches
+        """Start batches of ``follow`` until its lead is full (True) or ``max_inflight`` batches
         are in flight (False)."""
         while follow.fetched < follow.total:
             if self._inflight >= self.max_inflight:

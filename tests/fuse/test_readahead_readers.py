@@ -31,7 +31,7 @@ def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, pack_an
     Like DataLoader workers, they drift apart only so far: the loader hands each worker its next
     indices as batches are consumed in order (at most workers x prefetch_factor batches out). Here
     a barrier every 16 files per worker bounds the drift to 128 positions, less than the 1 MiB
-    window (333 files). Free-running threads drifted a window apart on a loaded machine, which is
+    lead (333 files). Free-running threads drifted a lead apart on a loaded machine, which is
     exactly what an epoch restart looks like.
     """
     in_step = threading.Barrier(8, timeout=60)
@@ -80,7 +80,7 @@ def test_an_abandoned_reading_pauses_until_its_reader_reads_again(tmp_path: Path
             forget_everything(mnt, 100)
         wait_for(lambda: not readahead()["inflight"], "the batches in flight to end")
         evicted = readahead()
-        assert evicted["forgotten_ahead"] > 0, "the engine saw the window forgotten"
+        assert evicted["forgotten_ahead"] > 0, "the engine saw the lead forgotten"
         assert evicted["issued_files"] == paused["issued_files"], json.dumps(evicted)
         assert read_all(paths[100:101]) == [(src / paths[100].relative_to(mnt)).read_bytes()]
         wait_for(lambda: readahead()["resumes"] == 1, "the reading to resume")

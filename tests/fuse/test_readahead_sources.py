@@ -38,8 +38,8 @@ def test_reads_in_published_order_are_served_from_the_page_cache(
 
 
 def test_an_in_place_dataset_is_read_ahead_from_its_tar_cold(on_disk: Path, mount) -> None:
-    """``dlfs pack --in-place``: the shards are windows of the tar, which the C loop reads at each
-    window's base, here directly (O_DIRECT) from a tar not in memory, at offsets the base leaves
+    """``dlfs pack --in-place``: the shards lie in the tar, and the C loop reads each at its
+    base, here directly (O_DIRECT) from a tar not in memory, at offsets the base leaves
     unaligned."""
     src = make_classes(on_disk / "src")
     tar = on_disk / "src.tar"

@@ -9,7 +9,7 @@ from dlfs.readahead.cursor import Follow, Move
 
 FILES = 1000
 SIZE = 1000
-#: The window: the budget holds 100 files; sentinels every 13.
+#: The lead: the budget holds 100 files; sentinels every 13.
 BUDGET = 100 * SIZE
 EVERY = 13
 
@@ -44,7 +44,7 @@ def test_rows_of_no_followed_sequence_move_nothing() -> None:
     assert (follow.cursor, follow.fetched, follow.ahead) == (0, 10, 10 * SIZE)
 
 
-def test_a_read_of_the_first_sentinels_a_window_behind_restarts_the_epoch() -> None:
+def test_a_read_of_the_first_sentinels_a_lead_behind_restarts_the_epoch() -> None:
     for sentinel in (0, EVERY):
         follow = _follow(fetched=300)
         follow.read(_row(250), BUDGET, EVERY)
@@ -55,14 +55,14 @@ def test_a_read_of_the_first_sentinels_a_window_behind_restarts_the_epoch() -> N
 
 def test_a_slow_worker_near_the_start_is_no_restart() -> None:
     follow = _follow(fetched=150)
-    follow.read(_row(90), BUDGET, EVERY)  # less than a window (100 files) past position 0
+    follow.read(_row(90), BUDGET, EVERY)  # less than a lead (100 files) past position 0
     assert follow.read(_row(0), BUDGET, EVERY).move is Move.BEHIND
     assert follow.cursor == 90
     follow.read(_row(140), BUDGET, EVERY)
     assert follow.read(_row(7), BUDGET, EVERY).move is Move.NONE, "not its reader's"
 
 
-def test_a_read_more_than_a_window_past_what_was_fetched_is_a_skip() -> None:
+def test_a_read_more_than_a_lead_past_what_was_fetched_is_a_skip() -> None:
     follow = _follow(fetched=50)
     assert follow.read(_row(120), BUDGET, EVERY).move is Move.ADVANCED, "a fast worker, not a skip"
     assert follow.fetched == 50, "the files behind a fast worker are still fetched"

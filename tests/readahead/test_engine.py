@@ -152,7 +152,7 @@ def test_the_read_ahead_never_holds_more_than_its_budget_ahead_of_the_reader(tmp
         readahead.activate(_reading(rows))
         await _settle(readahead)
         assert _lead(readahead)["fetched"] < 12, "stopped at the budget"
-        for position in range(0, rows.size, 5):  # the reader moves on; the window follows
+        for position in range(0, rows.size, 5):  # the reader moves on; the lead follows
             readahead.observe(int(rows[position]))
             await _settle(readahead)
             lead = _lead(readahead)
@@ -226,10 +226,10 @@ def test_files_the_kernel_holds_or_refuses(tmp_path: Path) -> None:
 
 
 def test_the_read_ahead_of_a_reader_gone_quiet_pauses_and_resumes_where_it_reads(tmp_path: Path) -> None:
-    """A job that stopped mid-epoch: its window full and its reader unseen for ``PAUSE_AFTER``
-    seconds, the read-ahead pauses, and the kernel forgetting the window again and again fetches
+    """A job that stopped mid-epoch: its lead full and its reader unseen for ``PAUSE_AFTER``
+    seconds, the read-ahead pauses, and the kernel forgetting the lead again and again fetches
     nothing. The reader's next read resumes it there: the files it lost ahead of that read, within
-    the window, are fetched again, and none behind."""
+    the lead, are fetched again, and none behind."""
     kernel, readahead, rows = _following(tmp_path, 200, budget=40 * SIZE)
 
     async def test(readahead: ReadAhead) -> None:
@@ -270,7 +270,7 @@ def test_resolving_the_order_again_resumes_a_paused_read_ahead(tmp_path: Path) -
         assert not _lead(readahead)["paused"]
 
     _run(test, readahead)
-    assert len(kernel.pushed) >= 35, "the window is fetched again"
+    assert len(kernel.pushed) >= 35, "the lead is fetched again"
 
 
 def test_a_read_of_a_file_being_fetched_takes_it_from_the_batch(tmp_path: Path) -> None:
