@@ -65,7 +65,7 @@ class StatsCollector(Collector):
         requests = stats.get("requests") or {}
         yield from self._requests(requests, native)
         yield from self._reads(stats, requests, native)
-        yield from self._caches(stats.get("cache"), stats.get("disk_cache"))
+        yield from self._caches(stats.get("ram_cache"), stats.get("disk_tier"))
         storage = stats.get("storage") or {}
         yield _counter(
             "storage_reads",
@@ -143,7 +143,7 @@ class StatsCollector(Collector):
 
     @staticmethod
     def _caches(ram: Json | None, disk: Json | None) -> Iterator[Metric]:
-        """The RAM payload cache (counting files) and the disk tier (counting 1 MiB blocks)."""
+        """The RAM RAM cache (counting files) and the disk tier (counting 1 MiB blocks)."""
         tiers = [("ram", ram or {})] + ([("disk", disk)] if disk is not None else [])
         families = {
             "hits": CounterMetricFamily("dlfs_cache_hits", "Cache hits, by tier", labels=["tier"]),

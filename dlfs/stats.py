@@ -33,8 +33,8 @@ def figures(stats: Json) -> Json:
     """The cumulative counters ``dlfs stats`` shows, flat, from one snapshot."""
     native = stats.get("native") or {}
     requests = stats.get("requests") or {}
-    cache = stats.get("cache") or {}
-    disk = stats.get("disk_cache") or {}
+    cache = stats.get("ram_cache") or {}
+    disk = stats.get("disk_tier") or {}
     store = stats.get("store") or {}
     storage = stats.get("storage") or {}
     readahead = stats.get("readahead") or {}

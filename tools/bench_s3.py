@@ -10,7 +10,7 @@ side. On one generated ImageNet-shaped tree (the 20k JPEGs of bench-read):
 2. epoch read: every file in the published order, one GET per file (the best of --threads)
    against the mount of the bucket (read-ahead on, no disk tier, page cache dropped), with the daemon's
    RSS sampled throughout; and the same mount on local shards (cold), the figure to approach;
-3. the disk tier: an epoch that fills --cache-dir, then remounts whose epochs read from it, against
+3. the disk tier: an epoch that fills --disk-tier, then remounts whose epochs read from it, against
    the local shards (alternating, medians of --repeat); the disk tier's hit latency for one file
    (read and checksum verified, as the daemon serves it) beside a memcached GET of the same size on
    loopback.
@@ -47,7 +47,7 @@ from dlfs.bench.probes import proc_cpu, rusage_cpu
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
 from dlfs.core.store import StoreOptions, index_copies
-from dlfs.core.store.cached import CachedStore
+from dlfs.core.store.disk_tier import DiskTier
 from dlfs.core.store.s3.store import S3Store
 
 BUCKET = "bench"
@@ -115,7 +115,7 @@ def epoch(
     after = stats(mnt)
     moved = {
         tier: {key: after[tier][key] - before[tier][key] for key in after[tier]}
-        for tier in ("store", "disk_cache")
+        for tier in ("store", "disk_tier")
         if after.get(tier)
     }
     return run, moved
@@ -136,12 +136,12 @@ def best(
     return threads, result, {t: round(r.objects_per_s) for t, (r, _) in tried.items()}, used
 
 
-def hit_latency(url: str, cache_dir: Path, samples: int, seed: int = 0) -> dict[str, float]:
+def hit_latency(url: str, disk_tier: Path, samples: int, seed: int = 0) -> dict[str, float]:
     """Per-file reads from the disk tier as the daemon does them: the stored bytes, then the
     checksum check. Warm: the block files in the page cache, as memcached's value is in RAM."""
-    store = CachedStore(S3Store(url), cache_dir)
+    store = DiskTier(S3Store(url), disk_tier)
     try:
-        index = Index.load(store, index_copies(StoreOptions(cache_dir=str(cache_dir))))
+        index = Index.load(store, index_copies(StoreOptions(disk_tier=str(disk_tier))))
         rows = np.random.default_rng(seed).choice(index.file_rows(), samples, replace=False)
         spans = [(index.shard_of(r), int(index.offset[r]), int(index.stored[r])) for r in rows.tolist()]
         checks = [(int(index.flags[r]), int(index.size[r]), int(index.checksum[r])) for r in rows.tolist()]
@@ -260,7 +260,7 @@ def main() -> None:
                 run, moved = epoch(mnt, items, args.readers, args.batch, shape)
                 budgets = {
                     "readahead": stats(mnt)["readahead"]["budget"],
-                    "cache": stats(mnt)["cache"]["budget"],
+                    "cache": stats(mnt)["ram_cache"]["budget"],
                 }
             drop_caches()
             with dlfs_mount(local, mnt, *flags):
@@ -280,7 +280,7 @@ def main() -> None:
 
         # 3. The disk tier: an epoch that fills it, then one from it after a remount.
         cache = args.s3_work / "cache"
-        flags = ("--log-file", str(log), "--cache-dir", str(cache), "--order", args.tier_order)
+        flags = ("--log-file", str(log), "--disk-tier", str(cache), "--order", args.tier_order)
         items = bench.job_items("orderread", tree, orders[args.tier_order], 0)
         drop_caches()
         with dlfs_mount(url, mnt, *flags):

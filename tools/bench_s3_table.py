@@ -70,8 +70,8 @@ def link(data: Json) -> list[str]:
         )
     budgets = epoch["full"]["budgets"]
     out += [
-        "Epoch read (RSS: the daemon's peak, sampled every 0.1 s; its payload cache may hold "
-        f"{budgets['cache'] >> 20} MiB, `--cache-size` plus the read-ahead's "
+        "Epoch read (RSS: the daemon's peak, sampled every 0.1 s; its RAM cache may hold "
+        f"{budgets['cache'] >> 20} MiB, `--ram-cache-size` plus the read-ahead's "
         f"{budgets['readahead'] >> 20} MiB):",
         "",
         *table(["reader", "files/s", "GETs", "RSS MiB", "vs objects", "vs local shards"], rows),
@@ -81,7 +81,7 @@ def link(data: Json) -> list[str]:
     first, second, local = tier["first_epoch"], tier["second_epoch"], tier["local_cold"]
     rows = [
         [
-            "first (fills `--cache-dir`)",
+            "first (fills `--disk-tier`)",
             number(first["items_per_s"]),
             number(first["moved"]["store"]["bytes"] / 1e6),
         ],

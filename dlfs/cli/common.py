@@ -124,19 +124,27 @@ def store_flags(p: argparse.ArgumentParser, cache: bool = False) -> None:
     if not cache:
         return
     p.add_argument(
-        "--cache-dir",
+        "--disk-tier",
         metavar="PATH",
         help="keep blocks of an s3:// dataset's shards in this local directory (e.g. on NVMe), so "
         "later epochs and remounts of the same dataset read them from there",
     )
     p.add_argument(
-        "--cache-dir-size",
+        "--disk-tier-size",
         type=parse_size,
         default=0,
         metavar="SIZE",
-        help="bytes --cache-dir may hold; least recently used blocks go first (default: 80%% of "
+        help="bytes --disk-tier may hold; least recently used blocks go first (default: 80%% of "
         "the free space there)",
     )
+    hidden_alias(p, "--cache-dir", dest="disk_tier")
+    hidden_alias(p, "--cache-dir-size", dest="disk_tier_size", type=parse_size)
+
+
+def hidden_alias(p: argparse.ArgumentParser, *names: str, dest: str, **kwargs: object) -> None:
+    """Accept ``names`` as another spelling of the flag stored in ``dest``, left out of ``--help``:
+    a spelling that scripts may still use after the flag got its one name."""
+    p.add_argument(*names, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
 
 
 def store_options(args: argparse.Namespace) -> StoreOptions:
@@ -144,8 +152,8 @@ def store_options(args: argparse.Namespace) -> StoreOptions:
     return StoreOptions(
         endpoint_url=args.endpoint_url,
         timeout=args.store_timeout,
-        cache_dir=getattr(args, "cache_dir", None),
-        cache_dir_size=getattr(args, "cache_dir_size", 0),
+        disk_tier=getattr(args, "disk_tier", None),
+        disk_tier_size=getattr(args, "disk_tier_size", 0),
     )
 
 

@@ -14,6 +14,7 @@ from dlfs.cli.common import (
     Subparsers,
     add_command,
     bug_message,
+    hidden_alias,
     parse_size,
     parse_size_or_auto,
     store_flags,
@@ -42,12 +43,13 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument("--allow-other", action="store_true", help="let other users access the mount")
     p.add_argument(
-        "--cache-size",
+        "--ram-cache-size",
         type=parse_size,
-        default=f"{d.cache_size >> 20}M",
+        default=f"{d.ram_cache_size >> 20}M",
         metavar="SIZE",
         help=f"RAM for file payloads in the daemon; the read-ahead's budget and buffers add to it {D}",
     )
+    hidden_alias(p, "--cache-size", dest="ram_cache_size", type=parse_size)
     p.add_argument(
         "--memory-limit",
         type=parse_size,

@@ -15,9 +15,9 @@ import numpy as np
 import xxhash
 
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError, IntegrityError
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store import Descriptors, Forgets, PartlyLocal, Store
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,9 @@ INLINE_LIMIT = 1 << 20
 
 
 class FileBytes:
-    """A dataset's files, checked, through the payload cache."""
+    """A dataset's files, checked, through the RAM cache."""
 
-    def __init__(self, index: Index, store: Store, cache: PayloadCache) -> None:
+    def __init__(self, index: Index, store: Store, cache: RamCache) -> None:
         self.index = index
         self.store = store
         self.cache = cache

@@ -7,7 +7,7 @@ numbers they and the C loops share.
 - ``sync_file_range``: start writing a range back without waiting for it (pack).
 - ``fallocate`` with ``PUNCH_HOLE``: free a range of a file (the disk tier's evictions).
 - ``open_tree`` with ``OPEN_TREE_CLONE``: a detached copy of a mount (the daemon's own view of it).
-- ``malloc_trim``: hand the allocator's free pages back to the system (the payload cache).
+- ``malloc_trim``: hand the allocator's free pages back to the system (the RAM cache).
 
 The C loops (``dlfs/readahead/_push.c``, ``dlfs/fuse/_dirents.c``) define the same numbers for
 themselves (C cannot import them); tests/core/test_layers.py checks that both agree.

@@ -1,7 +1,7 @@
 """How much memory a mount's daemon may take, and its budgets fitted to it at start.
 
 What a daemon's resident memory is made of: the interpreter and its libraries, the index (read
-whole at start), the payload cache (``--cache-size``) and the read-ahead's files parked in it
+whole at start), the RAM cache (``--ram-cache-size``) and the read-ahead's files parked in it
 (``--readahead-budget``), one read buffer per read-ahead batch in flight (``--readahead-inflight``;
 two for an object store, whose responses land beside it), and what the allocator and thread stacks
 grow by under load (``UNDER_LOAD``). ``--memory-limit`` bounds the sum: what the daemon holds once
@@ -13,7 +13,7 @@ mid-epoch, and every reader with it. Budgets are caches: a smaller one makes the
 never wrong. So they are clamped at start, not refused, and the mount says so in one line; so are
 the read-ahead's batches in flight when their buffers would take more than half of what is left.
 The read-ahead keeps its budget first (up to half of what fits), since it is what keeps readers
-from waiting on storage; the payload cache takes the rest. Only when not even one batch fits is the
+from waiting on storage; the RAM cache takes the rest. Only when not even one batch fits is the
 mount refused.
 
 What is available: ``MemAvailable`` of ``/proc/meminfo``, and under a memory cgroup its limit less
@@ -124,14 +124,14 @@ def available(limit: int | None = None) -> Available:
 
 @dataclass(frozen=True)
 class Budgets:
-    cache_size: int
+    ram_cache_size: int
     readahead_budget: int
     readahead_inflight: int
     #: One line for the user when they were clamped; None when they fit as asked.
     note: str | None = None
 
 
-def fit(cache_size: int, readahead_budget: int, inflight: int, buffer: int, room: Available) -> Budgets:
+def fit(ram_cache_size: int, readahead_budget: int, inflight: int, buffer: int, room: Available) -> Budgets:
     """The budgets and the batches in flight (each holding ``buffer`` bytes while the read-ahead is
     on) fitted to ``room`` less ``UNDER_LOAD``: the buffers to half of it at most, the two budgets
     to ``room.share`` of what the buffers leave, the read-ahead's first. Refuses the mount
@@ -145,11 +145,11 @@ def fit(cache_size: int, readahead_budget: int, inflight: int, buffer: int, room
         )
     batches = min(inflight, max(1, usable // 2 // buffer)) if buffer else inflight
     fits = int((usable - batches * buffer) * room.share)
-    if cache_size + readahead_budget <= fits and batches == inflight:
-        return Budgets(cache_size, readahead_budget, inflight)
-    readahead = min(readahead_budget, max(fits - cache_size, fits // 2))
-    cache = min(cache_size, fits - readahead)
-    asked = _flags(cache_size, readahead_budget, inflight)
+    if ram_cache_size + readahead_budget <= fits and batches == inflight:
+        return Budgets(ram_cache_size, readahead_budget, inflight)
+    readahead = min(readahead_budget, max(fits - ram_cache_size, fits // 2))
+    cache = min(ram_cache_size, fits - readahead)
+    asked = _flags(ram_cache_size, readahead_budget, inflight)
     used = _flags(cache, readahead, batches)
     changed = [flag for flag in asked if asked[flag] != used[flag]]
     portion = "" if room.share >= 1 else f"{room.share:.0%} of "
@@ -161,10 +161,10 @@ def fit(cache_size: int, readahead_budget: int, inflight: int, buffer: int, room
     return Budgets(cache, readahead, batches, note)
 
 
-def _flags(cache_size: int, readahead_budget: int, inflight: int) -> dict[str, str]:
+def _flags(ram_cache_size: int, readahead_budget: int, inflight: int) -> dict[str, str]:
     """The three flags ``fit`` may change, as its note names them."""
     return {
-        "--cache-size": _mib(cache_size),
+        "--ram-cache-size": _mib(ram_cache_size),
         "--readahead-budget": _mib(readahead_budget),
         "--readahead-inflight": str(inflight),
     }

@@ -12,7 +12,7 @@ from dlfs.core import format as fmt
 from dlfs.core.errors import DatasetError, ShardError
 from dlfs.core.index import Index
 from dlfs.core.store import Store, StoreOptions
-from dlfs.core.store.cached import CachedStore
+from dlfs.core.store.disk_tier import DiskTier
 from dlfs.core.store.local import LocalStore
 
 #: Shard headers checked at once (each a round trip on an object store).
@@ -25,13 +25,13 @@ def shard_store(
     """The store ``index``'s files are read from: ``store``, with its shards checked
     (``check_shards``); or, for an in-place dataset, a store of its archives, each checked to be
     the file or object indexed (``store.archives``, ``store.s3.archives``; objects in S3 behind
-    the disk tier of ``options.cache_dir``), which the caller closes as well as ``store``, unless
+    the disk tier of ``options.disk_tier``), which the caller closes as well as ``store``, unless
     it is ``store`` itself: a disk tier that the index was read through stands in front of the
     objects instead."""
     options = options or StoreOptions()
-    if options.cache_dir and isinstance(store, LocalStore) and not index.archives_in_s3:
+    if options.disk_tier and isinstance(store, LocalStore) and not index.archives_in_s3:
         raise DatasetError(
-            f"--cache-dir keeps blocks of datasets in object storage; {store.url} is a local "
+            f"--disk-tier keeps blocks of datasets in object storage; {store.url} is a local "
             "directory, which the page cache already keeps"
         )
     if not index.archives:
@@ -47,11 +47,11 @@ def shard_store(
         from dlfs.core.store.s3.archives import S3ArchiveStore
 
         objects: Store = S3ArchiveStore(index.archives, places, options)
-        if isinstance(store, CachedStore):  # the index came through the tier: it serves the objects now
+        if isinstance(store, DiskTier):  # the index came through the tier: it serves the objects now
             store.front(objects)
             return store
-        if options.cache_dir:
-            return CachedStore(objects, options.cache_dir, options.cache_dir_size or None)
+        if options.disk_tier:
+            return DiskTier(objects, options.disk_tier, options.disk_tier_size or None)
         return objects
     from dlfs.core.store.archives import ArchiveStore
 

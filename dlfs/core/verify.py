@@ -10,10 +10,10 @@ import numpy as np
 from tqdm import tqdm
 
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.shard_store import shard_store
 from dlfs.core.store import StoreOptions, index_copies, open_store
 
@@ -105,7 +105,7 @@ def verify(
         if shards is not store:  # an in-place dataset's tars
             store.close()
             store = shards
-        file_bytes = FileBytes(index, store, PayloadCache(0))
+        file_bytes = FileBytes(index, store, RamCache(0))
         rows = index.file_rows()
         report = VerifyReport(
             files=int(rows.size),

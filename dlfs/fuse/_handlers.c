@@ -29,7 +29,7 @@
 #endif
 
 /* Files up to this size are read here; larger ones (and their range reads) by Python, whose
- * payload cache holds them between the several READs each takes. */
+ * RAM cache holds them between the several READs each takes. */
 #define FILE_LIMIT (4 << 20)
 /* The index's flag for an lz4-compressed payload (dlfs/core/format.py FLAG_LZ4). */
 #define FLAG_LZ4 1

@@ -19,11 +19,11 @@ import pyfuse3
 import trio
 
 from dlfs.core import memory
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import MountError
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
 from dlfs.core.protocol import CONTROL_NAME
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.shard_store import shard_store
 from dlfs.core.store import Store, index_copies, is_s3, open_store
 from dlfs.fuse import server as native_server
@@ -133,7 +133,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         options, notes = _fit_memory(options, store)
         # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
         # cache, so the cache holds its budget on top of what demand reads get.
-        cache = PayloadCache(options.cache_size + options.readahead_budget)
+        cache = RamCache(options.ram_cache_size + options.readahead_budget)
         file_bytes = TrioFileBytes(index, store, cache, max_threads=options.threads)
         # What the kernel knows: fed by the FUSE adapter's requests, read by the listings that teach
         # the kernel files and by the read-ahead's kernel, which steers those listings.
@@ -214,7 +214,7 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     if store.hints_in_memory:
         buffer *= 2  # a batch's hinted GETs land beside its buffer
     fitted = memory.fit(
-        options.cache_size,
+        options.ram_cache_size,
         options.readahead_budget,
         options.readahead_inflight,
         buffer,
@@ -225,7 +225,7 @@ def _fit_memory(options: MountOptions, store: Store) -> tuple[MountOptions, list
     log.warning("%s", fitted.note)
     options = dataclasses.replace(
         options,
-        cache_size=fitted.cache_size,
+        ram_cache_size=fitted.ram_cache_size,
         readahead_budget=fitted.readahead_budget,
         readahead_inflight=fitted.readahead_inflight,
     )

@@ -42,7 +42,7 @@ FUSE_DEVICE = Path("/dev/fuse")
 
 @dataclass(frozen=True)
 class MountOptions:
-    cache_size: int = 256 << 20
+    ram_cache_size: int = 256 << 20
     #: Bound on the daemon's resident memory, the budgets fitted to it (``dlfs.core.memory``);
     #: None: only the machine's and the cgroup's memory bound them.
     memory_limit: int | None = None

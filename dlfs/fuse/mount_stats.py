@@ -3,7 +3,7 @@ scrapes (``dlfs.metrics``). ``dlfs stats`` (``dlfs.stats``) reads the snapshot b
 
 Each part of the mount keeps its own counters, where they change: the FUSE adapter the requests it
 answers (``RequestCounts``, here, so that the snapshot can be made before the adapter is), the
-reader its storage reads, the payload cache, the store, the read-ahead, the native request server
+reader its storage reads, the RAM cache, the store, the read-ahead, the native request server
 and the lister. ``MountStats`` only reads them, on the event loop that owns them, between two
 requests; a scrape, which comes on the endpoint's thread, is handed to that loop
 (``from_thread``). Counters only, never rates: a rate is two snapshots apart.
@@ -22,7 +22,7 @@ import trio
 from dlfs.core.protocol import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from dlfs.core.cache import PayloadCache
+    from dlfs.core.ram_cache import RamCache
     from dlfs.core.store import Store
     from dlfs.fuse.lister import FolderLister
     from dlfs.fuse.server import NativeServer
@@ -49,7 +49,7 @@ class MountStats:
     """The snapshot of one mount's counters (``snapshot``), read from the parts that keep them."""
 
     store: Store
-    cache: PayloadCache
+    cache: RamCache
     file_bytes: TrioFileBytes
     lister: FolderLister
     readahead: ReadAhead | None
@@ -64,7 +64,7 @@ class MountStats:
         native = self.native
         return {
             "requests": dict(self.answered.requests),
-            "cache": self.cache.stats(),
+            "ram_cache": self.cache.stats(),
             "storage": {
                 "reads": self.file_bytes.storage_reads,
                 "bytes": self.file_bytes.storage_bytes,
@@ -73,7 +73,7 @@ class MountStats:
             },
             "read_latency_us_log2": list(self.answered.read_latency),
             "read_seconds": round(self.answered.read_seconds, 6),
-            "disk_cache": counted.get("disk_cache"),
+            "disk_tier": counted.get("disk_tier"),
             "store": counted.get("store"),
             "readahead": self.readahead.snapshot() if self.readahead is not None else None,
             "native": native.counts() if native is not None else None,

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import numpy as np
 import trio
 
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DlfsError, StoreError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store import Store
 
 T = TypeVar("T")
@@ -32,7 +32,7 @@ STORE_FAILURE_HOLD = 1.0
 class TrioFileBytes(FileBytes):
     """``FileBytes`` with ``read``, the event loop's way in."""
 
-    def __init__(self, index: Index, store: Store, cache: PayloadCache, max_threads: int = 16) -> None:
+    def __init__(self, index: Index, store: Store, cache: RamCache, max_threads: int = 16) -> None:
         super().__init__(index, store, cache)
         self._limiter = trio.CapacityLimiter(max_threads)
         self._inflight: dict[int, _Pending] = {}

@@ -139,7 +139,7 @@ class ReadAhead:
 
     async def arrival(self, row: int) -> None:
         """Before a READ of ``row`` is served: if a batch in flight is loading the file, wait for it
-        and take it from there (it lands in the payload cache); see ``handoff``."""
+        and take it from there (it lands in the RAM cache); see ``handoff``."""
         data = await self.handoff.arrival(row)
         if data is not None:
             self.file_bytes.hold(row, data)

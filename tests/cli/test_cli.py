@@ -57,10 +57,10 @@ def test_what_is_no_size_is_refused_with_examples(text: str) -> None:
 def test_the_mount_flags_give_the_mount_options_and_their_defaults() -> None:
     parse = cli.build_parser().parse_args
     assert MountOptions.from_args(parse(["mount", "ds", "mnt"]), StoreOptions()) == MountOptions()
-    args = parse(["mount", "ds", "mnt", "--cache-size", "1Gi", "--order", "block", "--region-ahead", "0"])
+    args = parse(["mount", "ds", "mnt", "--ram-cache-size", "1Gi", "--order", "block", "--region-ahead", "0"])
     store = StoreOptions(timeout=5.0)
     options = MountOptions.from_args(args, store)
-    assert (options.cache_size, options.order, options.region_ahead) == (GIB, "block", 0)
+    assert (options.ram_cache_size, options.order, options.region_ahead) == (GIB, "block", 0)
     assert options.store is store
 
 

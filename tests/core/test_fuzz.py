@@ -33,10 +33,10 @@ from index_checks import assert_sound
 
 from dlfs.core import archive_meta
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import DatasetError, IntegrityError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 
@@ -306,7 +306,7 @@ def test_mutated_shards_give_right_bytes_or_an_integrity_error(
         else:
             (dataset / shard).write_bytes(damaged)
         store = LocalStore(dataset)
-        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
+        file_bytes = FileBytes(index, store, RamCache(1 << 20))
         failed = 0
         try:
             for row in rows.tolist():

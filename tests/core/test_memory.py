@@ -24,16 +24,18 @@ def test_budgets_too_large_are_cut_to_half_of_what_is_left_the_read_ahead_keepin
     fitted = memory.fit(64 << 30, 16 << 30, 16, BUFFER, room)
     left = room.bytes - memory.UNDER_LOAD - 16 * BUFFER
     assert fitted.readahead_inflight == 16
-    assert fitted.cache_size + fitted.readahead_budget <= left // 2
-    assert abs(fitted.cache_size - fitted.readahead_budget) <= 1
-    assert fitted.note is not None and "MemAvailable" in fitted.note and "--cache-size 64.0G" in fitted.note
+    assert fitted.ram_cache_size + fitted.readahead_budget <= left // 2
+    assert abs(fitted.ram_cache_size - fitted.readahead_budget) <= 1
+    assert (
+        fitted.note is not None and "MemAvailable" in fitted.note and "--ram-cache-size 64.0G" in fitted.note
+    )
 
 
 def test_a_huge_cache_is_cut_and_the_read_ahead_keeps_its_budget_and_the_note_names_only_that() -> None:
     fitted = memory.fit(100 << 40, 512 * MiB, 16, BUFFER, memory.Available(20 << 30, "MemAvailable"))
     assert fitted.readahead_budget == 512 * MiB and fitted.readahead_inflight == 16
-    assert 0 < fitted.cache_size < 10 << 30
-    assert fitted.note is not None and fitted.note.startswith("--cache-size 100.0T would take more than")
+    assert 0 < fitted.ram_cache_size < 10 << 30
+    assert fitted.note is not None and fitted.note.startswith("--ram-cache-size 100.0T would take more than")
     assert "--readahead" not in fitted.note
 
 
@@ -43,7 +45,7 @@ def test_a_memory_limit_counts_what_the_daemon_holds_and_lets_the_budgets_fill_t
     assert room.share == 1.0 and "--memory-limit" in room.source
     assert abs(room.bytes - 512 * MiB) < 64 * MiB  # this process grew a little meanwhile
     fitted = memory.fit(256 * MiB, 512 * MiB, 16, BUFFER, room)
-    assert fitted.cache_size + fitted.readahead_budget + fitted.readahead_inflight * BUFFER <= (
+    assert fitted.ram_cache_size + fitted.readahead_budget + fitted.readahead_inflight * BUFFER <= (
         room.bytes - memory.UNDER_LOAD
     )
 
@@ -52,7 +54,7 @@ def test_a_small_limit_takes_batches_in_flight_down_too() -> None:
     fitted = memory.fit(256 * MiB, 512 * MiB, 16, BUFFER, memory.Available(256 * MiB, "cgroup x limit"))
     usable = 256 * MiB - memory.UNDER_LOAD
     assert fitted.readahead_inflight * BUFFER <= usable // 2 and fitted.readahead_inflight >= 1
-    budgets = fitted.cache_size + fitted.readahead_budget
+    budgets = fitted.ram_cache_size + fitted.readahead_budget
     assert 0 < budgets <= (usable - fitted.readahead_inflight * BUFFER) // 2
     assert "cgroup x limit" in (fitted.note or "")
 

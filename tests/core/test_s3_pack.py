@@ -123,7 +123,7 @@ def test_the_index_is_copied_once_per_dataset_id_and_refetched_when_damaged(
 def test_a_local_dataset_takes_no_cache_dir(packed: Path, tmp_path: Path) -> None:
     """Refused once the index says where the bytes are: an in-place index in a directory may
     name tars in S3, which the disk tier does keep."""
-    options = StoreOptions(cache_dir=str(tmp_path / "cache"))
+    options = StoreOptions(disk_tier=str(tmp_path / "cache"))
     store = open_store(packed, options=options)
     try:
         with pytest.raises(DatasetError, match="object storage"):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from s3env import split
 
-from dlfs.core.store.cached import BLOCK, CachedStore
+from dlfs.core.store.disk_tier import BLOCK, DiskTier
 from dlfs.core.store.s3.store import S3Store
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,7 +34,7 @@ def test_a_hinted_get_is_used_by_a_read_inside_it(tmp_path: Path, one_shard: tup
     then each filled. Two spans sharing a block hint overlapping runs; once the first has kept that
     block, the second fetches its run less that block, from its hint: no GET more, no hint left."""
     store, data = one_shard
-    tier = CachedStore(store, tmp_path / "cache")
+    tier = DiskTier(store, tmp_path / "cache")
     try:
         requests = store.requests
         spans = [("data.shard", 10, BLOCK), ("data.shard", BLOCK + 20, BLOCK)]  # blocks 0-1, then 1-2
@@ -61,7 +61,7 @@ def test_ranged_reads_and_the_disk_tier_give_the_stored_bytes_and_fetch_only_wha
     assert store.read_into("data.shard", len(data) - 10, memoryview(buffer)) == 10  # the object's end
     assert buffer[:10] == data[-10:]
     assert store.read("data.shard", BLOCK - 3, 6) == data[BLOCK - 3 : BLOCK + 3]
-    tier = CachedStore(store, tmp_path / "cache")
+    tier = DiskTier(store, tmp_path / "cache")
     try:
         requests = store.requests
         tier.fill("data.shard", BLOCK + 10, 20)

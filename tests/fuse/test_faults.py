@@ -112,14 +112,14 @@ def test_budgets_larger_than_the_machine_are_clamped_at_mount_with_one_line(
     log_file = tmp_path / "mnt.log"
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    result = dlfs("mount", dataset, mnt, "--log-file", log_file, "--cache-size", str(huge))
+    result = dlfs("mount", dataset, mnt, "--log-file", log_file, "--ram-cache-size", str(huge))
     try:
         warnings = [line for line in result.stderr.splitlines() if line.strip()]
-        assert len(warnings) == 1 and "--cache-size" in warnings[0] and "MemAvailable" in warnings[0], (
+        assert len(warnings) == 1 and "--ram-cache-size" in warnings[0] and "MemAvailable" in warnings[0], (
             warnings
         )
         assert warnings[0].split("dlfs: warning: ")[1] in log_file.read_text()
-        cache = mount_stats(mnt)["cache"]
+        cache = mount_stats(mnt)["ram_cache"]
         assert 0 < cache["budget"] <= memory.available().bytes, cache
     finally:
         dlfs("umount", mnt)
@@ -183,7 +183,7 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
 ) -> None:
     """The daemon runs in a cgroup of 256 MiB with its default budgets: it says it clamped them,
     then serves 16 readers for 15 s, in two published orders and at random, every READ through
-    Python and its payload cache (``--native-threads 0``, so that the cache fills), without an
+    Python and its RAM cache (``--native-threads 0``, so that the cache fills), without an
     error, a wrong byte or an OOM kill."""
     dataset, expected = soak_dataset
     group, events = memory_cgroup
@@ -206,7 +206,7 @@ def test_under_a_cgroup_memory_limit_the_daemon_fits_its_budgets_and_is_not_oom_
         assert sum(r["files"] for r in results) > 1000
         assert alive(pid)
         assert re.search(r"^oom_kill 0$", _text(group / events), re.MULTILINE), _text(group / events)
-        cache = mount_stats(mnt)["cache"]
+        cache = mount_stats(mnt)["ram_cache"]
         assert cache["budget"] < CGROUP_LIMIT // 4, cache
     finally:
         stuck = unmount_and_reap(mnt, pid)
@@ -218,7 +218,7 @@ def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
     soak_dataset: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """16 readers for 10 s, in two published orders and at random, every READ through Python and
-    its payload cache (``--native-threads 0``) so that the cache fills: the daemon's peak resident
+    its RAM cache (``--native-threads 0``) so that the cache fills: the daemon's peak resident
     memory stays within ``--memory-limit``, and the mount says which budgets it fitted to it."""
     dataset, expected = soak_dataset
     limit = 320 << 20
@@ -235,7 +235,7 @@ def test_memory_limit_bounds_the_daemons_resident_memory_under_load(
         results = finish_readers(readers, 90)
         assert sum(r["error_count"] for r in results) == 0, [e for r in results for e in r["errors"]]
         stats = mount_stats(mnt)
-        assert stats["cache"]["evictions"] > 0, stats["cache"]  # it filled, and more
+        assert stats["ram_cache"]["evictions"] > 0, stats["ram_cache"]  # it filled, and more
         peak = peak_resident(pid)
         assert peak <= limit, f"peak RSS {peak >> 20} MiB over --memory-limit {limit >> 20} MiB"
     finally:

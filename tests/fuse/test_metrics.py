@@ -60,8 +60,8 @@ def test_a_scrape_gives_the_counters_of_dlfs_stats(
     assert value(samples, "dlfs_read_bytes_total", server="python") == stats["requests"].get("read_bytes", 0)
     assert histogram(samples, "python") == cumulative(python)
     assert value(samples, "dlfs_read_latency_seconds_sum", server="python") == stats["read_seconds"]
-    assert value(samples, "dlfs_cache_hits_total", tier="ram") == stats["cache"]["hits"]
-    assert value(samples, "dlfs_cache_misses_total", tier="ram") == stats["cache"]["misses"]
+    assert value(samples, "dlfs_cache_hits_total", tier="ram") == stats["ram_cache"]["hits"]
+    assert value(samples, "dlfs_cache_misses_total", tier="ram") == stats["ram_cache"]["misses"]
     assert value(samples, "dlfs_storage_waits_total") == stats["storage"]["waits"]
     assert value(samples, "dlfs_storage_wait_seconds_total") == stats["storage"]["wait_seconds"]
     assert value(samples, "dlfs_readahead_pushed_files_total") == stats["readahead"]["pushed_files"]

@@ -136,7 +136,7 @@ def test_many_readers_at_once_get_correct_bytes(packed: Path, odd_tree: Path, mo
     from concurrent.futures import ThreadPoolExecutor
 
     files = [p for p in odd_tree.rglob("*") if p.is_file() and not p.is_symlink()]
-    with mount(packed, "--cache-size", "64K") as mnt:
+    with mount(packed, "--ram-cache-size", "64K") as mnt:
 
         def same(p: Path) -> bool:
             return (Path(mnt) / p.relative_to(odd_tree)).read_bytes() == p.read_bytes()

@@ -13,11 +13,11 @@ import trio
 from page_cache import drop_from_memory
 from trees import write
 
-from dlfs.core import cache as cache_module
 from dlfs.core import file_bytes as file_bytes_module
-from dlfs.core.cache import PayloadCache
+from dlfs.core import ram_cache as cache_module
 from dlfs.core.index import Index
 from dlfs.core.order import OrderSpec
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store.local import LocalStore
 from dlfs.fuse import dirents
 from dlfs.fuse import operations as fs
@@ -31,7 +31,7 @@ def _operations(dataset: Path) -> DlfsOperations:
     store = LocalStore(dataset)
     index = Index.load(store)
     return DlfsOperations(
-        index, TrioFileBytes(index, store, PayloadCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
+        index, TrioFileBytes(index, store, RamCache(1 << 20)), ControlTree(index, OrderSpec(), dict)
     )
 
 
@@ -123,7 +123,7 @@ def test_concurrent_reads_of_one_file_share_one_storage_fetch(ops: DlfsOperation
 
 
 def test_cache_never_exceeds_its_budget() -> None:
-    cache = PayloadCache(1000)
+    cache = RamCache(1000)
     for k in range(50):
         cache.put(k, bytes(k * 37 % 400))
         assert cache.used <= 1000
@@ -162,7 +162,7 @@ def test_evictions_hand_freed_memory_back_each_quarter_budget() -> None:
     """What the cache evicts stays in glibc's arenas until trimmed: the daemon's RSS grew to almost
     twice the cache's budget without it."""
     assert cache_module.trim_allocator is not None, "glibc's malloc_trim not found"
-    cache = PayloadCache(1000)
+    cache = RamCache(1000)
     for row in range(4):
         cache.put(row, bytes(250))
     cache.put(4, bytes(250))

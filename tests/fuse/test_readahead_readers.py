@@ -44,7 +44,7 @@ def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, pack_an
         return out
 
     src = make_classes(tmp_path / "src", classes=4, per_class=200, size=3000)
-    with pack_and_mount(src, "--readahead-budget", "1M", "--cache-size", "1M") as mnt:
+    with pack_and_mount(src, "--readahead-budget", "1M", "--ram-cache-size", "1M") as mnt:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")  # the kernel knows no file: every push lists first
         paths = published(mnt, "epoch-0")
         with ThreadPoolExecutor(8) as pool:

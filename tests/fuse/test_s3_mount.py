@@ -25,7 +25,7 @@ from trees import SMALL_SHARD, find_listing
 from waits import bound, wait_for
 
 from dlfs.core.protocol import order_path, parse_order
-from dlfs.core.store.cached import BLOCK, MAP_SUFFIX
+from dlfs.core.store.disk_tier import BLOCK, MAP_SUFFIX
 from dlfs.pack import PackOptions, pack
 
 pytestmark = pytest.mark.timeout(180)
@@ -62,18 +62,18 @@ def test_a_bucket_mounts_as_the_tree_and_a_remount_reads_from_the_disk_tier(
 ) -> None:
     url = f"{s3}/odd"
     pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
-    cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M")
+    cache = ("--disk-tier", str(tmp_path / "cache"), "--disk-tier-size", "64M")
     with mount(url, *cache) as mnt:
         _same_tree(odd_tree, mnt)
         first = mount_stats(mnt)
         assert first["store"]["bytes"] > 0
-        assert first["disk_cache"]["misses"] > 0
+        assert first["disk_tier"]["misses"] > 0
     with mount(url, *cache) as mnt:
         before = mount_stats(mnt)["store"]
         _same_tree(odd_tree, mnt)
         after = mount_stats(mnt)
         assert after["store"] == before  # every byte from the disk tier
-        assert after["disk_cache"]["hits"] > 0 and after["disk_cache"]["misses"] == 0
+        assert after["disk_tier"]["hits"] > 0 and after["disk_tier"]["misses"] == 0
 
 
 def test_a_scrape_of_an_s3_mount_gives_its_store_and_disk_tier_counters(
@@ -83,18 +83,18 @@ def test_a_scrape_of_an_s3_mount_gives_its_store_and_disk_tier_counters(
     url = f"{s3}/metrics"
     pack(odd_tree, url, PackOptions(shard_size=SMALL_SHARD, progress=False))
     (port,) = free_ports(1)
-    flags = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M", "--metrics-port", str(port))
+    flags = ("--disk-tier", str(tmp_path / "cache"), "--disk-tier-size", "64M", "--metrics-port", str(port))
     with mount(url, *flags) as mnt:
         _same_tree(odd_tree, mnt)
         wait_for(lambda: mount_stats(mnt)["listing_folders"] == 0, "the background listings to end")
         stats = mount_stats(mnt)
         samples = scrape(port)
-    assert stats["store"]["requests"] > 0 and stats["disk_cache"]["misses"] > 0
+    assert stats["store"]["requests"] > 0 and stats["disk_tier"]["misses"] > 0
     assert value(samples, "dlfs_store_requests_total") == stats["store"]["requests"]
     assert value(samples, "dlfs_store_received_bytes_total") == stats["store"]["bytes"]
     for key in ("hits", "misses", "evictions"):
-        assert value(samples, f"dlfs_cache_{key}_total", tier="disk") == stats["disk_cache"][key]
-    assert value(samples, "dlfs_cache_used_bytes", tier="disk") == stats["disk_cache"]["used"]
+        assert value(samples, f"dlfs_cache_{key}_total", tier="disk") == stats["disk_tier"][key]
+    assert value(samples, "dlfs_cache_used_bytes", tier="disk") == stats["disk_tier"]["used"]
     assert value(samples, "dlfs_cache_budget_bytes", tier="disk") == 64 << 20
 
 
@@ -109,7 +109,7 @@ def test_an_epoch_from_the_disk_tier_is_read_ahead_by_the_c_loop(
     url = f"{s3}/tier-epoch"
     pack(src, url, PackOptions(shard_size=2 << 20, progress=False))
     cache = request.getfixturevalue(filesystem) / "cache"
-    flags = ("--cache-dir", str(cache), "--order", "block", "--readahead-budget", "4M")
+    flags = ("--disk-tier", str(cache), "--order", "block", "--readahead-budget", "4M")
     for _ in range(2):
         with mount(url, *flags) as mnt:
             before = mount_stats(mnt)["store"]  # the index's header and meta
@@ -129,10 +129,10 @@ def test_the_disk_tier_keeps_its_budget(tmp_path: Path, s3: str, mount) -> None:
     cache = tmp_path / "cache"
     budget = 2 * BLOCK
     with mount(
-        url, "--cache-dir", str(cache), "--cache-dir-size", str(budget), "--readahead-budget", "0"
+        url, "--disk-tier", str(cache), "--disk-tier-size", str(budget), "--readahead-budget", "0"
     ) as mnt:
         _same_tree(src, mnt)
-        tier = mount_stats(mnt)["disk_cache"]
+        tier = mount_stats(mnt)["disk_tier"]
         assert tier["used"] <= budget and tier["evictions"] > 0, tier
     on_disk = sum(shard.stat().st_blocks * 512 for shard in (cache / "shards").glob("*.shard"))
     assert on_disk <= budget + 4096 * len(_cached_blocks(cache))  # holes are punched in pages
@@ -142,7 +142,7 @@ def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Pa
     src = _classes(tmp_path / "src", classes=2, per_class=60)
     url = f"{s3}/damaged"
     pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
-    flags = ("--cache-dir", str(tmp_path / "cache"), "--readahead-budget", "0", "--cache-size", "0")
+    flags = ("--disk-tier", str(tmp_path / "cache"), "--readahead-budget", "0", "--ram-cache-size", "0")
     with mount(url, *flags) as mnt:
         _same_tree(src, mnt)
     blocks = _cached_blocks(tmp_path / "cache")
@@ -155,7 +155,7 @@ def test_a_damaged_block_of_the_disk_tier_is_dropped_and_read_again(tmp_path: Pa
             f.write(bytes([byte ^ 0xFF]))
     with mount(url, *flags) as mnt:
         _same_tree(src, mnt)
-        assert mount_stats(mnt)["disk_cache"]["forgotten"] == len(blocks)
+        assert mount_stats(mnt)["disk_tier"]["forgotten"] == len(blocks)
 
 
 def test_two_nodes_each_fetch_about_half_of_the_shards(tmp_path: Path, s3: str, mount) -> None:
@@ -195,7 +195,7 @@ def test_a_store_that_goes_away_gives_eio_in_bounded_time_and_reads_resume_when_
     src = _classes(tmp_path / "src", classes=2, per_class=20)
     pack(src, url, PackOptions(shard_size=1 << 20, progress=False))
     files = sorted(src.rglob("*.JPEG"))
-    with mount(url, "--store-timeout", "3", "--readahead-budget", "0", "--cache-size", "0") as mnt:
+    with mount(url, "--store-timeout", "3", "--readahead-budget", "0", "--ram-cache-size", "0") as mnt:
         assert (mnt / files[0].relative_to(src)).read_bytes() == files[0].read_bytes()
         own_server.stop()
         started = time.monotonic()
@@ -280,7 +280,14 @@ def test_a_store_that_accepts_but_never_answers_gives_eio_after_the_timeout_in_b
     }
     (tmp_path / "expected.json").write_text(json.dumps(expected))
     timeout = 2.0
-    flags = ("--endpoint-url", silent_proxy.endpoint, "--store-timeout", str(timeout), "--cache-size", "0")
+    flags = (
+        "--endpoint-url",
+        silent_proxy.endpoint,
+        "--store-timeout",
+        str(timeout),
+        "--ram-cache-size",
+        "0",
+    )
     with mount(url, *flags, "--readahead-budget", "0") as mnt:
         pid = daemon_of(mnt)
         first = next(iter(expected))

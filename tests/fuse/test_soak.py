@@ -68,7 +68,7 @@ def _quiet(mnt: Path) -> bool:
 
 @pytest.fixture
 def soak_mount(soak_dataset: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    flags = ("--cache-size", str(CACHE_SIZE), "--readahead-budget", str(PREFETCH_BUDGET))
+    flags = ("--ram-cache-size", str(CACHE_SIZE), "--readahead-budget", str(PREFETCH_BUDGET))
     with mounted(soak_dataset[0], tmp_path / "mnt", *flags) as mnt:
         yield mnt, daemon_of(mnt)
 

@@ -24,10 +24,10 @@ from mutations import FUZZ, OUTCOMES, SECONDS_PER_EXAMPLE, SEEDS, Seeds, mutate
 from waits import bound
 
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
 from dlfs.pack.archive.tar import Header, posix_prefix_only
@@ -65,7 +65,7 @@ def assert_readable(dst: Path) -> None:
     store = LocalStore(dst)
     try:
         index = Index.load(store)
-        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
+        file_bytes = FileBytes(index, store, RamCache(1 << 20))
         assert_sound(index)
         for row in np.flatnonzero(index.mode & fmt.TYPE_MASK == stat.S_IFREG).tolist():
             assert len(file_bytes.load(row)) == int(index.size[row])

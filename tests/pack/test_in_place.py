@@ -26,10 +26,10 @@ from mounts import mounted
 from mutations import FUZZ, OUTCOMES, Seeds, mutate
 
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.shard_store import shard_store
 from dlfs.core.store.local import LocalStore
 from dlfs.pack import PackOptions, pack
@@ -288,7 +288,7 @@ def test_a_mutated_tar_indexes_in_place_soundly_or_is_refused_in_one_line(
     store = shard_store(index, LocalStore(dst))
     try:
         assert_sound(index)
-        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
+        file_bytes = FileBytes(index, store, RamCache(1 << 20))
         for row in index.regular_rows().tolist():
             assert len(file_bytes.load(row)) == int(index.size[row])
     finally:

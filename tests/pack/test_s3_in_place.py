@@ -184,17 +184,17 @@ def test_the_disk_tier_serves_a_second_read_without_gets(
     prefix, expected = shards
     dst = tmp_path / "dst" if index_in == "directory" else prefix.removesuffix("shards/") + "dataset"
     dlfs("pack", "--in-place", prefix, dst)
-    cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M")
+    cache = ("--disk-tier", str(tmp_path / "cache"), "--disk-tier-size", "64M")
     with mount(dst, *cache) as mnt:
         assert files_of(Path(mnt)) == expected
-        assert stats(Path(mnt))["disk_cache"]["misses"] > 0
+        assert stats(Path(mnt))["disk_tier"]["misses"] > 0
     assert list((tmp_path / "cache" / "shards").glob("*.window"))
     with mount(dst, *cache) as mnt:
         before = stats(Path(mnt))["store"]
         assert files_of(Path(mnt)) == expected
         after = stats(Path(mnt))
     assert after["store"] == before  # every byte from the disk tier
-    assert after["disk_cache"]["hits"] > 0 and after["disk_cache"]["misses"] == 0
+    assert after["disk_tier"]["hits"] > 0 and after["disk_tier"]["misses"] == 0
 
 
 @pytest.mark.parametrize("tier", ["without", "with"])
@@ -205,7 +205,7 @@ def test_the_read_ahead_fetches_the_published_order_from_s3(
     offsets, not the object's."""
     prefix, expected = shards
     dlfs("pack", "--in-place", prefix, tmp_path / "dst")
-    cache = ("--cache-dir", str(tmp_path / "cache"), "--cache-dir-size", "64M") if tier == "with" else ()
+    cache = ("--disk-tier", str(tmp_path / "cache"), "--disk-tier-size", "64M") if tier == "with" else ()
     with mount(tmp_path / "dst", "--readahead-budget", "64M", *cache) as mnt:
         mnt = Path(mnt)
         for path in mnt.rglob("*"):  # the kernel must know an inode before pages can be pushed to it

@@ -20,10 +20,10 @@ from trees import SMALL_SHARD
 from waits import HANG, bound, wait_for
 
 from dlfs.core import format as fmt
-from dlfs.core.cache import PayloadCache
 from dlfs.core.errors import PackError
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store.local import LocalStore
 from dlfs.core.store.s3.store import S3Store, StoredObject
 from dlfs.pack import PackOptions, objects, pack
@@ -79,7 +79,7 @@ def packed_files(dataset: Path) -> dict[bytes, bytes]:
     store = LocalStore(dataset)
     try:
         index = Index.load(store)
-        file_bytes = FileBytes(index, store, PayloadCache(1 << 20))
+        file_bytes = FileBytes(index, store, RamCache(1 << 20))
         return {index.path(int(row)): bytes(file_bytes.load(int(row))) for row in index.file_rows()}
     finally:
         store.close()

@@ -16,10 +16,10 @@ import trio.testing
 from page_cache import drop_from_memory
 from waits import HANG, bound
 
-from dlfs.core.cache import PayloadCache
 from dlfs.core.file_bytes import FileBytes
 from dlfs.core.index import Index
 from dlfs.core.protocol import Reading
+from dlfs.core.ram_cache import RamCache
 from dlfs.core.store.local import LocalStore
 from dlfs.fuse.mount import MountOptions
 from dlfs.pack import PackOptions, pack
@@ -71,7 +71,7 @@ def _packed(root: Path, files: int = 100, size: int = SIZE, shard_size: int = 1 
 def _engine(dataset: Path, kernel: FakeKernel, budget: int = 64 << 20) -> tuple[Index, FileBytes, ReadAhead]:
     store = LocalStore(dataset, random_access=True)
     index = Index.load(store)
-    file_bytes = FileBytes(index, store, PayloadCache(16 << 20))
+    file_bytes = FileBytes(index, store, RamCache(16 << 20))
     return index, file_bytes, ReadAhead(index, file_bytes, kernel, budget=budget, pause_after=PAUSE_AFTER)
 
 

@@ -42,12 +42,12 @@ def open_store(
     location: str | os.PathLike[str], random_access: bool = False, options: StoreOptions | None = None
 ) -> Store:
     """The backend for a dataset location: ``s3://bucket/prefix`` (with the disk tier when
-    ``options.cache_dir`` is set) or a local directory.
+    ``options.disk_tier`` is set) or a local directory.
 
     ``random_access``: reads will not follow storage order (a mount), so reading ahead of each
     read in storage order only wastes bandwidth.
     """
-    from dlfs.core.store.cached import CachedStore
+    from dlfs.core.store.disk_tier import DiskTier
     from dlfs.core.store.local import LocalStore
 
     options = options or StoreOptions()
@@ -55,16 +55,16 @@ def open_store(
         from dlfs.core.store.s3.store import S3Store
 
         store: Store = S3Store(str(location), options)
-        if options.cache_dir:
-            return CachedStore(store, options.cache_dir, options.cache_dir_size or None)
+        if options.disk_tier:
+            return DiskTier(store, options.disk_tier, options.disk_tier_size or None)
         return store
-    # A local directory's shards need no disk tier (``Index.shard_store`` refuses --cache-dir for
+    # A local directory's shards need no disk tier (``Index.shard_store`` refuses --disk-tier for
     # them), but its in-place index may name tars in object storage, which do.
     return LocalStore(location, random_access)
 
 
 def index_copies(options: StoreOptions) -> Path:
     """Where local copies of remote indexes live: beside the disk tier, else in the user's cache."""
-    if options.cache_dir:
-        return Path(options.cache_dir) / "indexes"
+    if options.disk_tier:
+        return Path(options.disk_tier) / "indexes"
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dlfs" / "indexes"

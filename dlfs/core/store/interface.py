@@ -24,9 +24,9 @@ class StoreOptions:
     endpoint_url: str | None = None
     #: Seconds one request may take, and retries of a failing one may go on, before a read fails.
     timeout: float = 30.0
-    #: A local directory caching ranges of the shards (``dlfs.core.store.cached``), and its budget.
-    cache_dir: str | None = None
-    cache_dir_size: int = 0
+    #: A local directory caching ranges of the shards (``dlfs.core.store.disk_tier``), and its budget.
+    disk_tier: str | None = None
+    disk_tier_size: int = 0
 
 
 class ShardWriter(Protocol):
@@ -115,7 +115,7 @@ class Store(Protocol):
 
     def stats(self) -> dict[str, dict[str, int]]:
         """What the store counted, by section of the mount's statistics: ``store``, an object
-        store's requests and their bytes; ``disk_cache``, the disk tier's; none for a directory."""
+        store's requests and their bytes; ``disk_tier``, the disk tier's; none for a directory."""
 
     def close(self) -> None: ...
 

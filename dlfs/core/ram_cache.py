@@ -20,7 +20,7 @@ from dlfs.core.libc import trim_allocator
 TRIM_AFTER = 0.25
 
 
-class PayloadCache:
+class RamCache:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.used = 0

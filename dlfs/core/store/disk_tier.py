@@ -1,4 +1,4 @@
-"""The disk tier: ranges of a remote store's shards kept in a local directory (``--cache-dir``).
+"""The disk tier: ranges of a remote store's shards kept in a local directory (``--disk-tier``).
 
 An object store answers a GET in milliseconds; a local disk in microseconds. Shards are cached in
 aligned blocks of ``BLOCK`` bytes. Each shard the tier holds blocks of is one sparse file
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 #: Cache granularity. Large enough that the read-ahead's spans are a few blocks and the in-memory
 #: LRU stays small; small enough that a shuffled read of one 110 KB file fetches at most 2 MiB.
 BLOCK = 1 << 20
-#: Share of the free space a cache directory takes when no ``--cache-dir-size`` is given.
+#: Share of the free space a cache directory takes when no ``--disk-tier-size`` is given.
 DEFAULT_SHARE = 0.8
 MAP_SUFFIX = ".map"
 #: What the tier keeps blocks of: shards, an in-place dataset's too (those lie in its objects); the
@@ -99,7 +99,7 @@ class _ShardFile:
                 os.close(fd)
 
 
-class CachedStore:
+class DiskTier:
     """``inner`` with a disk tier in ``directory`` of at most ``budget`` bytes (None: 80 % of the
     free space there). Reads of shards go through the tier; everything else straight to ``inner``."""
 
@@ -134,7 +134,7 @@ class CachedStore:
             os.close(fd)
             raise StoreError(
                 f"cache directory {self.directory} is in use by another dlfs mount; "
-                "give each mount its own --cache-dir"
+                "give each mount its own --disk-tier"
             ) from None
         return fd
 
@@ -343,7 +343,7 @@ class CachedStore:
         self._drop(doomed)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {"disk_cache": self._tier_stats(), **self.inner.stats()}
+        return {"disk_tier": self._tier_stats(), **self.inner.stats()}
 
     def _tier_stats(self) -> dict[str, int]:
         return {
