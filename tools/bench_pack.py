@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("bench-data/pack"))
     parser.add_argument("--repeat", type=int, default=4, help="rounds; 4 puts every job once in each place")
-    parser.add_argument("--readers", type=int, help="dlfs pack --readers (default: its own)")
+    parser.add_argument("--threads", type=int, help="dlfs pack --threads (default: its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -58,7 +58,7 @@ def main() -> None:
                 "pack",
                 str(src),
                 str(out),
-                *(["--readers", str(args.readers)] if args.readers else []),
+                *(["--threads", str(args.threads)] if args.threads else []),
                 *([] if sync else ["--no-sync"]),
             ],
             check=True,

@@ -9,7 +9,7 @@ unshaped). Then, alternating, medians of ``--repeat``:
 
 - the baseline: every object fetched whole by a pool of threads (``s3_baselines.get_objects``), for
   each of ``--threads``; the best of them is what a hand-written downloader would get;
-- ``dlfs pack`` of the prefix into a local folder (``--no-sync``), for each of ``--readers`` (GETs in
+- ``dlfs pack`` of the prefix into a local folder (``--no-sync``), for each of ``--pack-threads`` (GETs in
   flight), with its peak RSS (``bench_packmem.pack_once``).
 
 Needs root for the shaped network. ``--json`` prints one document.
@@ -85,7 +85,9 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[16, 64, 256], help="GET pools of the baseline"
     )
-    parser.add_argument("--readers", type=int, nargs="+", default=[16, 64, 256], help="dlfs pack --readers")
+    parser.add_argument(
+        "--pack-threads", type=int, nargs="+", default=[16, 64, 256], help="dlfs pack --threads"
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -101,7 +103,7 @@ def main() -> None:
         "repeat": args.repeat,
     }
     gets: dict[int, list[Result]] = {t: [] for t in args.threads}
-    packs: dict[int, list[dict[str, float]]] = {r: [] for r in args.readers}
+    packs: dict[int, list[dict[str, float]]] = {r: [] for r in args.pack_threads}
     with s3_server(args.work / "weed", args.loopback, args.rate_mbit, args.rtt_ms) as s3:
         os.environ.update(s3.env())
         s3.client().create_bucket(Bucket=BUCKET)
@@ -113,11 +115,11 @@ def main() -> None:
             for threads in args.threads:
                 gets[threads].append(get_objects(store, keys, threads))
                 say(f"run {run}: GETs, {threads} threads: {gets[threads][-1].objects_per_s:,.0f} objects/s")
-            for readers in args.readers:
-                done = pack_once(url, args.work / "packed", "--readers", str(readers))
+            for readers in args.pack_threads:
+                done = pack_once(url, args.work / "packed", "--threads", str(readers))
                 assert (done["files"], done["bytes"]) == (len(keys), total), done
                 packs[readers].append(done)
-                say(f"run {run}: dlfs pack --readers {readers}: {done['files_per_s']:,.0f} objects/s")
+                say(f"run {run}: dlfs pack --threads {readers}: {done['files_per_s']:,.0f} objects/s")
     shutil.rmtree(args.work, ignore_errors=True)
     results["get_objects"] = {str(t): median_result(runs) for t, runs in gets.items()}
     results["dlfs_pack"] = {}
@@ -162,7 +164,7 @@ def render(data: Json) -> list[str]:
     ]
     rows += [
         [
-            f"`dlfs pack --readers {readers}`",
+            f"`dlfs pack --threads {readers}`",
             f"{r['objects_per_s']:,.0f}",
             f"{r['mb_per_s']:,.1f}",
             f"{r['peak_rss'] / 2**20:,.0f}",

@@ -19,7 +19,7 @@ step "generate an ImageNet-shaped sample (40 classes, 4000 files)"
 python tools/make_imagenet_like.py "$work/src" --classes 40 --files 4000 --seed 1
 
 step "dlfs pack $work/src $work/dataset"
-dlfs pack "$work/src" "$work/dataset" --shard-size 64M --readers 4
+dlfs pack "$work/src" "$work/dataset" --shard-size 64M --threads 4
 ls -l "$work/dataset"
 
 step "dlfs ls (no mount needed)"

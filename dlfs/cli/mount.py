@@ -20,11 +20,9 @@ from dlfs.cli.common import (
     store_flags,
     store_options,
 )
+from dlfs.core.choices import ORDER_MODES
 from dlfs.core.errors import DlfsError
 from dlfs.fuse.mount import READY_TIMEOUT, MountOptions, spawn
-
-#: ``dlfs.core.order.MODES`` by name, spelt out so that the parser loads no numpy (tests check both agree).
-ORDER_MODES = ("full", "block")
 
 
 def _port(text: str) -> int:

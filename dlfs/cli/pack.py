@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from dlfs.cli.common import SIZES, Subparsers, add_command, human, parse_size, store_flags, store_options
+from dlfs.cli.common import (
+    SIZES,
+    Subparsers,
+    add_command,
+    hidden_alias,
+    human,
+    parse_size,
+    store_flags,
+    store_options,
+)
+from dlfs.core.choices import PLACEMENT_ALIASES, PLACEMENTS
 
 
 def add_parser(sub: Subparsers) -> None:
@@ -27,14 +37,14 @@ def add_parser(sub: Subparsers) -> None:
         help="target shard size, at most 4G (default 1G)",
     )
     p.add_argument(
-        "--readers",
-        "-j",
+        "--threads",
         type=int,
         metavar="N",
         help="files read at once (default 2 per CPU, at most 8; from an s3:// source, GETs in flight, "
         "default 64); with --transform, the worker processes that read and transform them: one per "
         "CPU, at most N",
     )
+    hidden_alias(p, "--readers", "-j", dest="threads", type=int)
     p.add_argument(
         "--compress",
         choices=("none", "lz4"),
@@ -51,10 +61,11 @@ def add_parser(sub: Subparsers) -> None:
     )
     p.add_argument(
         "--placement",
-        choices=("source", "random"),
-        default="source",
+        type=lambda value: PLACEMENT_ALIASES.get(value, value),
+        choices=PLACEMENTS,
+        default="tree",
         help="where file bytes go in the shards: in sorted tree order, or in a seeded random order "
-        "so that a mount's --order block mixes folders (default source)",
+        "so that a mount's --order block mixes folders (default tree)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of --placement random (default 0)")
     p.add_argument("--force", action="store_true", help="replace a dataset already in DST")
@@ -90,13 +101,13 @@ def add_parser(sub: Subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dlfs.core.store import is_s3
-    from dlfs.pack import DEFAULT_READERS, PackOptions, objects, pack
+    from dlfs.pack import DEFAULT_THREADS, PackOptions, objects, pack
     from dlfs.pack.path_map import PathMap
     from dlfs.pack.transform import parse as parse_transform
 
     options = PackOptions(
         shard_size=args.shard_size,
-        readers=args.readers or (objects.DEFAULT_READERS if is_s3(args.src) else DEFAULT_READERS),
+        threads=args.threads or (objects.DEFAULT_THREADS if is_s3(args.src) else DEFAULT_THREADS),
         compress=args.compress == "lz4",
         placement=args.placement,
         seed=args.seed,

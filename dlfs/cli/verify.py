@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from dlfs.cli.common import Subparsers, add_command, human, store_flags, store_options
+from dlfs.cli.common import Subparsers, add_command, hidden_alias, human, store_flags, store_options
 
 
 def add_parser(sub: Subparsers) -> None:
     p = add_command(sub, "verify", run, help="check every file of a dataset against its checksum")
     p.add_argument("dataset")
-    p.add_argument("--readers", "-j", type=int, default=4, metavar="N", help="files read at once (default 4)")
+    p.add_argument("--threads", type=int, default=4, metavar="N", help="files read at once (default 4)")
+    hidden_alias(p, "--readers", "-j", dest="threads", type=int)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     store_flags(p)
 
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     report = verify(
         args.dataset,
-        readers=args.readers,
+        threads=args.threads,
         progress=not args.quiet and not args.json,
         options=store_options(args),
     )

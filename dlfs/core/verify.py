@@ -93,7 +93,7 @@ class VerifyReport:
 
 
 def verify(
-    location: str, readers: int = 4, progress: bool = True, options: StoreOptions | None = None
+    location: str, threads: int = 4, progress: bool = True, options: StoreOptions | None = None
 ) -> VerifyReport:
     """Check every file in storage order; a bad file is reported, never fatal to the rest."""
     started = time.monotonic()
@@ -126,7 +126,7 @@ def verify(
                 desc="verify",
                 disable=not progress,
             ) as bar,
-            ThreadPoolExecutor(max_workers=readers) as pool,
+            ThreadPoolExecutor(max_workers=threads) as pool,
         ):
             runs = _runs(index, rows)
             for start in range(0, len(runs), BATCH):

@@ -1,6 +1,6 @@
 """``dlfs pack``: a directory tree re-laid into shards plus one index (see ``packer``)."""
 
-from dlfs.pack.options import DEFAULT_READERS, PackOptions, PackSummary
+from dlfs.pack.options import DEFAULT_THREADS, PackOptions, PackSummary
 from dlfs.pack.packer import pack
 
-__all__ = ["DEFAULT_READERS", "PackOptions", "PackSummary", "pack"]
+__all__ = ["DEFAULT_THREADS", "PackOptions", "PackSummary", "pack"]

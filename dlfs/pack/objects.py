@@ -3,8 +3,8 @@
 The listing (``S3Store.objects``) comes in key order, as an archive's members come in archive
 order, so the archive pass writes it (``archive.archive_source.write_members``): each object's bytes go into
 the shards as they arrive, and the index's rows are sorted out of the ledger at the end. A thread
-of its own lists the objects and keeps ``--readers`` GETs in flight, in listing order, while the
-pass writes, holding at most FETCH_BYTES fetched or being fetched (``_Window``). An object larger
+of its own lists the objects and keeps ``--threads`` GETs in flight, in listing order, while the
+pass writes, holding at most FETCH_BYTES fetched or being fetched (``_InFlight``). An object larger
 than ``fmt.WHOLE_PAYLOAD_LIMIT`` is never held whole: it is fetched in ranged GETs of STREAM_CHUNK,
 RANGES_AHEAD of them ahead of the writer, which streams it into its shard. Every GET names the
 entity tag the listing gave (``If-Match``): an object written again after the listing stops the
@@ -41,7 +41,7 @@ from dlfs.pack.archive.ledger import Folder, Ledger
 from dlfs.pack.archive.members import Member, Refused, normalize, show
 from dlfs.pack.columns import Placed
 from dlfs.pack.interruption import block_in_thread
-from dlfs.pack.options import DEFAULT_READERS as DEFAULT_PACK_READERS
+from dlfs.pack.options import DEFAULT_THREADS as DEFAULT_PACK_THREADS
 from dlfs.pack.options import PackOptions, PackSummary
 from dlfs.pack.pipeline import MAX_INFLIGHT_BYTES, STREAM_CHUNK
 from dlfs.pack.spill import Spill
@@ -51,9 +51,9 @@ from dlfs.pack.writers import InOrderShards
 if TYPE_CHECKING:
     from dlfs.pack.source import Pools
 
-#: GETs in flight where ``--readers`` is not given. A GET waits on the network, not on a core, so
+#: GETs in flight where ``--threads`` is not given. A GET waits on the network, not on a core, so
 #: many overlap well on any machine; docs/design.md has the measurement behind the figure.
-DEFAULT_READERS = 64
+DEFAULT_THREADS = 64
 #: Bytes of fetched objects held ahead of the writer (which holds up to MAX_INFLIGHT_BYTES of its
 #: own): many times what a 10 Gbit/s link carries in a 10 ms round trip.
 FETCH_BYTES = MAX_INFLIGHT_BYTES // 4
@@ -74,7 +74,7 @@ class ObjectSource:
     def __init__(self, url: str, options: PackOptions) -> None:
         self.store = S3Store(url, options.store)
         #: GETs in flight.
-        self.readers = options.readers
+        self.threads = options.threads
         self.name = self.store.url
         self.kind = KIND
         #: The tree's root, and every folder no marker names.
@@ -95,7 +95,7 @@ class ObjectSource:
     ) -> tuple[Tree, Placed]:
         """Write every object into ``shards``; the tree and placements for the index. The writer's
         checksums are CPU work: its batches in flight follow the cores, not the GETs."""
-        writing = replace(options, readers=min(options.readers, DEFAULT_PACK_READERS))
+        writing = replace(options, threads=min(options.threads, DEFAULT_PACK_THREADS))
         return write_members(self, shards, spill, writing, summary, pools.encoders)
 
     def index_meta(self) -> dict[str, Any]:
@@ -104,9 +104,9 @@ class ObjectSource:
     def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
         """Fetch every object, ``readers`` at once, and hand each to ``record_member`` in listing
         order."""
-        gets = ThreadPoolExecutor(self.readers, thread_name_prefix="dlfs-get", initializer=block_in_thread)
+        gets = ThreadPoolExecutor(self.threads, thread_name_prefix="dlfs-get", initializer=block_in_thread)
         try:
-            with closing(self._fetched(gets, self.readers)) as fetched:  # its lister stops first
+            with closing(self._fetched(gets, self.threads)) as fetched:  # its lister stops first
                 for member, data in fetched:
                     record_member(ledger, sink, member, data, options, summary)
             sink.finish_pending()
@@ -125,37 +125,37 @@ class ObjectSource:
         if not listed:
             raise PackError(f"{self.name} holds no objects; check the bucket and the prefix")
 
-    def _fetched(self, gets: Executor, readers: int) -> Iterator[tuple[Member, BinaryIO | None]]:
+    def _fetched(self, gets: Executor, threads: int) -> Iterator[tuple[Member, BinaryIO | None]]:
         """The members in listing order with their bytes. A thread of its own lists them and
-        requests their GETs, up to ``readers`` and FETCH_BYTES ahead of the caller, so that GETs
+        requests their GETs, up to ``threads`` and FETCH_BYTES ahead of the caller, so that GETs
         keep coming while the caller writes."""
-        window = _Window(readers, FETCH_BYTES)
-        feeder = threading.Thread(target=self._feed, args=(gets, window), name="dlfs-list", daemon=True)
+        queue = _InFlight(threads, FETCH_BYTES)
+        feeder = threading.Thread(target=self._feed, args=(gets, queue), name="dlfs-list", daemon=True)
         feeder.start()
         try:
-            while (entry := window.take()) is not None:
+            while (entry := queue.take()) is not None:
                 yield self._ready(entry, gets)
         finally:
-            window.close()
+            queue.close()
             feeder.join(timeout=1)  # it may be waiting on a listing page: that ends by itself
 
-    def _feed(self, gets: Executor, window: _Window) -> None:
-        block_in_thread()  # Ctrl-C goes to the main thread, which then closes the window
+    def _feed(self, gets: Executor, queue: _InFlight) -> None:
+        block_in_thread()  # Ctrl-C goes to the main thread, which then closes the queue
         try:
             for member, stored in self._members():
                 whole = _is_file(member) and 0 < member.size <= fmt.WHOLE_PAYLOAD_LIMIT
                 held = member.size if whole else 0
-                if not window.admit(held):
+                if not queue.admit(held):
                     return
                 future = None
                 if whole:
                     future = gets.submit(self._get, stored, 0, stored.size)
-                    future.add_done_callback(window.fetched)
-                window.put((member, stored, future), held)
+                    future.add_done_callback(queue.fetched)
+                queue.put((member, stored, future), held)
         except BaseException as exc:  # handed to the caller, which raises it
-            window.end(exc)
+            queue.end(exc)
         else:
-            window.end()
+            queue.end()
 
     def _get(self, stored: StoredObject, offset: int, length: int) -> bytes:
         """``length`` bytes of the object at ``offset``, of the version listed."""
@@ -176,14 +176,14 @@ class ObjectSource:
 Entry = tuple[Member, StoredObject, "Future[bytes] | None"]
 
 
-class _Window:
+class _InFlight:
     """The members between the thread that lists them and requests their GETs, and the pass that
-    takes them, in listing order: at most ``readers`` GETs in flight, ``budget`` bytes fetched or
+    takes them, in listing order: at most ``threads`` GETs in flight, ``budget`` bytes fetched or
     being fetched (one larger object alone) and MEMBERS_AHEAD members. Fetched bytes wait here while
     the pass writes, so the GETs go on meanwhile."""
 
-    def __init__(self, readers: int, budget: int) -> None:
-        self.readers, self.budget = readers, budget
+    def __init__(self, threads: int, budget: int) -> None:
+        self.threads, self.budget = threads, budget
         self.entries: deque[tuple[Entry, int]] = deque()
         self.held = 0
         self.fetching = 0
@@ -202,7 +202,7 @@ class _Window:
                     or (
                         len(self.entries) < MEMBERS_AHEAD
                         and self.held + size <= self.budget
-                        and (not size or self.fetching < self.readers)
+                        and (not size or self.fetching < self.threads)
                     )
                 )
             )

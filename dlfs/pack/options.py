@@ -20,22 +20,20 @@ from dlfs.pack.transform import Transform
 
 log = logging.getLogger(__name__)
 
-#: Where file bytes go in the shards (``placement``).
-PLACEMENTS = ("source", "random")
 
-#: Readers: two per core, at most 8. Each writes what it has read at once, so more readers than
+#: Threads reading files: two per core, at most 8. Each writes what it has read at once, so more than
 #: that only evict each other's bytes from the caches: 20k JPEGs packed warm in 2.0-2.2 s with 4
 #: on 2 cores, 2.9-3.1 s with 8; from a cold disk 2, 4 or 8 made no difference (4.0-4.7 s).
-DEFAULT_READERS = min(8, 2 * (os.cpu_count() or 1))
+DEFAULT_THREADS = min(8, 2 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
 class PackOptions:
     shard_size: int = 1 << 30
     #: Files read at once (threads; with a transform, at most this many worker processes).
-    readers: int = DEFAULT_READERS
+    threads: int = DEFAULT_THREADS
     compress: bool = False
-    placement: str = "source"
+    placement: str = "tree"
     seed: int = 0
     force: bool = False
     skip_errors: bool = False

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dlfs import __version__
 from dlfs.core import format as fmt
+from dlfs.core.choices import PLACEMENTS
 from dlfs.core.errors import PackError, writing
 from dlfs.core.interpreter import safe_path_children
 from dlfs.core.store import Store, is_s3, open_store
@@ -32,7 +33,6 @@ from dlfs.pack.columns import IndexRows
 from dlfs.pack.destination import check_destination, created, locked, remove_leftovers, replaced_dataset
 from dlfs.pack.interruption import block_in_thread, hold, interruptible
 from dlfs.pack.options import (
-    PLACEMENTS,
     PackOptions,
     PackSummary,
 )
@@ -118,12 +118,12 @@ def _spill(parent: Path) -> Spill:
 
 @contextmanager
 def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Executor | None]:
-    """Worker processes for ``--transform``, one per core (at most ``--readers``), started fresh
+    """Worker processes for ``--transform``, one per core (at most ``--threads``), started fresh
     (spawn) so each can load the fastest codec before anything imports ``PIL``; None without one."""
     if options.transform is None:
         yield None
         return
-    workers = max(1, min(options.readers, len(os.sched_getaffinity(0))))
+    workers = max(1, min(options.threads, len(os.sched_getaffinity(0))))
     context = multiprocessing.get_context("spawn")
     with (
         safe_path_children(),
@@ -141,7 +141,7 @@ def _transform_pool(options: PackOptions, summary: PackSummary) -> Iterator[Exec
             yield pool
         except BrokenProcessPool:
             raise PackError(
-                "a --transform worker process died (killed, or out of memory?); see the log, lower --readers "
+                "a --transform worker process died (killed, or out of memory?); see the log, lower --threads "
                 "and pack again"
             ) from None
 
@@ -151,7 +151,7 @@ def _pack_locked(source: Source, store: Store, spill: Spill, options: PackOption
     shards = source.shards(store, summary.dataset_id, options)
     with (
         ThreadPoolExecutor(
-            options.readers, thread_name_prefix="dlfs-pack", initializer=block_in_thread
+            options.threads, thread_name_prefix="dlfs-pack", initializer=block_in_thread
         ) as pool,
         _transform_pool(options, summary) as transforms,
     ):

@@ -23,7 +23,7 @@ from dlfs.pack.options import PackOptions
 from dlfs.pack.transform import Transform
 
 STREAM_CHUNK = 8 << 20
-#: Bytes the read-ahead pool may hold at once; keeps pack's memory flat on any tree.
+#: Bytes the prefetch pool may hold at once; keeps pack's memory flat on any tree.
 MAX_INFLIGHT_BYTES = 256 << 20
 #: A pool task reads up to this many files or bytes, so tiny files do not drown in task overhead.
 BATCH_FILES = 64
@@ -175,7 +175,7 @@ def _batches(files: Iterator[list[File]]) -> Iterator[list[File]]:
         yield batch
 
 
-def read_ahead(
+def prefetch(
     pool: Executor,
     files: Iterator[list[File]],
     options: PackOptions,
@@ -189,12 +189,14 @@ def read_ahead(
     At most MAX_INFLIGHT_BYTES and a few batches per worker are held. Files above
     WHOLE_PAYLOAD_LIMIT yield None: the writer streams them itself.
     """
-    window: deque[tuple[list[File], list[Slot | None], Future[list[Payload | OSError]] | None, int]] = deque()
+    in_flight: deque[tuple[list[File], list[Slot | None], Future[list[Payload | OSError]] | None, int]] = (
+        deque()
+    )
     inflight = 0
 
     def drain_one() -> Iterator[tuple[File, Slot | None, Outcome]]:
         nonlocal inflight
-        batch, slots, future, charged = window.popleft()
+        batch, slots, future, charged = in_flight.popleft()
         inflight -= charged
         if future is None:
             yield batch[0], slots[0], None
@@ -205,7 +207,7 @@ def read_ahead(
         laid = [layout(size) for _, _, size in batch] if layout else None
         slots: list[Slot | None] = list(laid) if laid else [None] * len(batch)
         if batch[0][2] > fmt.WHOLE_PAYLOAD_LIMIT:
-            window.append((batch, slots, None, 0))
+            in_flight.append((batch, slots, None, 0))
         else:
             charged = sum(size for _, _, size in batch)
             if laid is None:
@@ -217,11 +219,11 @@ def read_ahead(
                     for (_, path, size), (shard, offset) in zip(batch, laid, strict=True)
                 ]
                 future = pool.submit(_copy_batch, copies)
-            window.append((batch, slots, future, charged))
+            in_flight.append((batch, slots, future, charged))
             inflight += charged
-        while window and (len(window) > 2 * options.readers or inflight > MAX_INFLIGHT_BYTES):
+        while in_flight and (len(in_flight) > 2 * options.threads or inflight > MAX_INFLIGHT_BYTES):
             yield from drain_one()
-    while window:
+    while in_flight:
         yield from drain_one()
 
 

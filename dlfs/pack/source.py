@@ -86,7 +86,7 @@ def open_source(src: str, dst: str, options: PackOptions) -> Source:
     if src != "-" and not s3 and not os.path.exists(src):
         raise PackError(f"source {src} does not exist")
     tree = src != "-" and not s3 and os.path.isdir(src)
-    if (options.in_place or not tree) and options.placement != "source":
+    if (options.in_place or not tree) and options.placement != "tree":
         raise PackError(
             "an archive's members are laid into shards as they arrive; "
             "--placement random needs a directory tree"
@@ -106,4 +106,4 @@ def open_source(src: str, dst: str, options: PackOptions) -> Source:
             what = "a directory" if tree else "a prefix of objects"
             raise PackError(f"--expand-tars reads archives; the source {src} is {what}")
         return TreeSource(src) if tree else ObjectSource(src, options)
-    return ArchiveSource(src, read_ahead=not scans(src, options))
+    return ArchiveSource(src, prefetch=not scans(src, options))

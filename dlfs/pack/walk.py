@@ -222,15 +222,15 @@ def _list_dir(path: bytes) -> list[tuple[bytes, os.stat_result]] | OSError:
 
 
 def _listings(
-    pool: ThreadPoolExecutor, paths: list[bytes], window: int
+    pool: ThreadPoolExecutor, paths: list[bytes], ahead: int
 ) -> Iterator[list[tuple[bytes, os.stat_result]] | OSError]:
-    """``_list_dir`` of each path, in order, at most ``window`` listings ahead of the caller: a
+    """``_list_dir`` of each path, in order, at most ``ahead`` listings ahead of the caller: a
     level of ImageNet-21k's tree is all its 14.2 M files, and ``pool.map`` would hold every
     listing the walk had not yet consumed."""
     pending: deque[Future[list[tuple[bytes, os.stat_result]] | OSError]] = deque()
     for path in paths:
         pending.append(pool.submit(_list_dir, path))
-        if len(pending) >= window:
+        if len(pending) >= ahead:
             yield pending.popleft().result()
     while pending:
         yield pending.popleft().result()
@@ -250,7 +250,7 @@ def walk(
     level = [fmt.ROOT_ROW]
     while level:
         next_level = []
-        listings = _listings(pool, [tree.dirs[row].path for row in level], 2 * options.readers)
+        listings = _listings(pool, [tree.dirs[row].path for row in level], 2 * options.threads)
         for row, listing in zip(level, listings, strict=True):
             directory = tree.dirs[row]
             path = directory.path

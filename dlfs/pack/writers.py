@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 from dlfs.core import format as fmt
 from dlfs.core.store import InPlaceWriter, ShardWriter, Store, WritesInPlace
 from dlfs.pack.options import PackOptions
-from dlfs.pack.pipeline import File, Outcome, Payload, Slot, read_ahead, stream_into
+from dlfs.pack.pipeline import File, Outcome, Payload, Slot, prefetch, stream_into
 
 Writer = TypeVar("Writer", ShardWriter, InPlaceWriter)
 
@@ -97,7 +97,7 @@ class InOrderShards(ShardSet[ShardWriter]):
     def reads(
         self, pool: Executor, files: Iterator[list[File]], options: PackOptions
     ) -> Iterator[tuple[File, Slot | None, Outcome]]:
-        return read_ahead(pool, files, options)
+        return prefetch(pool, files, options)
 
     def _roll(self) -> None:
         self._close()
@@ -158,7 +158,7 @@ class InPlaceShards(ShardSet[InPlaceWriter]):
         self, pool: Executor, files: Iterator[list[File]], options: PackOptions
     ) -> Iterator[tuple[File, Slot | None, Outcome]]:
         """The readers write straight into the slots ``lay_out`` gives."""
-        return read_ahead(pool, files, options, self.lay_out, self.open)
+        return prefetch(pool, files, options, self.lay_out, self.open)
 
     def lay_out(self, size: int) -> Slot:
         """The slot of the next file in placement order, creating its shard when it starts one; also

@@ -64,6 +64,36 @@ def test_the_mount_flags_give_the_mount_options_and_their_defaults() -> None:
     assert options.store is store
 
 
+@pytest.mark.parametrize(
+    ("command", "old", "new"),
+    [
+        (["mount", "ds", "mnt"], ["--cache-size", "1G"], ["--ram-cache-size", "1G"]),
+        (
+            ["mount", "ds", "mnt"],
+            ["--cache-dir", "/t", "--cache-dir-size", "2G"],
+            ["--disk-tier", "/t", "--disk-tier-size", "2G"],
+        ),
+        (["pack", "src", "dst"], ["--readers", "3"], ["--threads", "3"]),
+        (["pack", "src", "dst"], ["-j", "3"], ["--threads", "3"]),
+        (["pack", "src", "dst"], ["--placement", "source"], ["--placement", "tree"]),
+        (["verify", "ds"], ["--readers", "2"], ["--threads", "2"]),
+    ],
+)
+def test_an_old_spelling_of_a_flag_means_what_its_one_name_means(
+    command: list[str], old: list[str], new: list[str]
+) -> None:
+    """Scripts written with a flag's earlier spelling still run; ``--help`` names only the one."""
+    parse = cli.build_parser().parse_args
+    given, named = vars(parse([*command, *old])), vars(parse([*command, *new]))
+    given.pop("func"), named.pop("func")
+    assert given == named
+    shown = [action for action in _commands()[command[0]]._actions if action.help != argparse.SUPPRESS]
+    assert old[0] == "--placement" or old[0] not in {
+        flag for action in shown for flag in action.option_strings
+    }
+    assert all(old[-1] not in (action.choices or ()) for action in shown)
+
+
 def test_no_two_flags_are_one_word_singular_and_plural() -> None:
     """One word for one concept: no ``--job`` in one command beside a ``--jobs`` in another."""
     flags = {

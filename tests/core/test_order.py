@@ -111,13 +111,6 @@ def test_a_uniform_epoch_never_replays_the_random_placement(seed: int) -> None:
         assert np.mean(np.diff(ranks) == 1) < 0.01, f"epoch {epoch} reads the shards in order"
 
 
-def test_the_cli_offers_every_registered_mode() -> None:
-    from dlfs.cli.mount import ORDER_MODES
-    from dlfs.core.order import MODES
-
-    assert tuple(MODES) == ORDER_MODES
-
-
 @settings(max_examples=200, deadline=None)
 @given(count=st.integers(0, 2000), spec=specs, epoch=st.integers(0, 100), world=st.integers(1, 9))
 def test_drop_last_gives_every_rank_floor_of_the_epoch_disjoint(

@@ -81,7 +81,7 @@ def pack_until(
     """A real ``dlfs pack`` of ``big_tree`` into ``url``, once ``reached`` (given the count of
     progress events) says so; killed and reaped on the way out if it still runs."""
     shard_size = str(INTERRUPTED_SHARD)
-    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", shard_size, "--readers", "2", *extra]
+    command = [*DLFS, "pack", str(big_tree), url, "--shard-size", shard_size, "--threads", "2", *extra]
     pipe = subprocess.PIPE
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
     events = [0]

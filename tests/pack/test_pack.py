@@ -89,7 +89,7 @@ def _big_tree(src: Path, files: int = 3000, size: int = 256 * 1024) -> Path:
 def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_path: Path) -> None:
     src = _big_tree(tmp_path / "src")
     dst = tmp_path / "dst"
-    proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--readers", "1"])
+    proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--threads", "1"])
     try:
         wait_for(lambda: dst.exists() and any(dst.glob("*.shard")), "the pack's first shard", 60)
         proc.send_signal(signal.SIGKILL)
@@ -111,7 +111,7 @@ def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed:
     # As from a terminal: a shell that starts a job in the background (`make test &`) has it
     # ignore SIGINT, and Python then never turns one into KeyboardInterrupt.
     proc = subprocess.Popen(
-        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--readers", "1"],
+        [*DLFS, "-q", "pack", src, packed, "--force", "--shard-size", "256K", "--threads", "1"],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:

@@ -219,7 +219,7 @@ def test_many_small_objects_pack_with_many_gets_in_flight(
         return get_object(self, key, offset, length, etag)
 
     monkeypatch.setattr(S3Store, "get_object", meeting)
-    summary = pack(s3, tmp_path / "dst", PackOptions(progress=False, readers=objects.DEFAULT_READERS))
+    summary = pack(s3, tmp_path / "dst", PackOptions(progress=False, threads=objects.DEFAULT_THREADS))
     assert summary.files == 2000
     assert packed_files(tmp_path / "dst") == {key.encode(): body for key, body in tree.items()}
 
@@ -252,7 +252,7 @@ def test_gets_go_on_while_the_pass_is_busy_writing(
 
     monkeypatch.setattr(S3Store, "get_object", counted)
     monkeypatch.setattr(objects, "record_member", held_at_first)
-    pack(s3, tmp_path / "dst", PackOptions(progress=False, readers=4))
+    pack(s3, tmp_path / "dst", PackOptions(progress=False, threads=4))
     assert arrived == [True]
     assert packed_files(tmp_path / "dst") == {key.encode(): body for key, body in tree.items()}
 
@@ -292,7 +292,7 @@ def test_an_interrupted_pack_from_a_prefix_leaves_nothing_behind(s3_server, s3: 
     dst = tmp_path / "dst"
     # As from a terminal: a background job ignores SIGINT unless told otherwise.
     proc = subprocess.Popen(
-        [*DLFS, "-q", "pack", s3, dst, "--shard-size", "64K", "--readers", "1"],
+        [*DLFS, "-q", "pack", s3, dst, "--shard-size", "64K", "--threads", "1"],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:

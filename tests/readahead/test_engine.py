@@ -64,7 +64,7 @@ def _packed(root: Path, files: int = 100, size: int = SIZE, shard_size: int = 1 
         path = root / "src" / f"class-{k % 2}" / f"{k:05d}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size + k))
-    pack(root / "src", root / "ds", PackOptions(shard_size=shard_size, readers=1, progress=False, sync=False))
+    pack(root / "src", root / "ds", PackOptions(shard_size=shard_size, threads=1, progress=False, sync=False))
     return root / "src", root / "ds"
 
 

@@ -20,7 +20,7 @@ def test_the_benchmark_packs_every_object_and_renders_its_table(tmp_path: Path, 
     flags = ["--loopback"] if network == "loopback" else ["--rtt-ms", "2"]
     result = tool(
         TOOLS / "bench_s3_source.py",
-        *("--objects", "40", "--size", "3000", "--repeat", "1", "--threads", "4", "--readers", "2", "8"),
+        *("--objects", "40", "--size", "3000", "--repeat", "1", "--threads", "4", "--pack-threads", "2", "8"),
         *("--work", tmp_path / "work", "--json", *flags),
         timeout=180,
     )
@@ -31,5 +31,5 @@ def test_the_benchmark_packs_every_object_and_renders_its_table(tmp_path: Path, 
         assert (run["objects"], run["bytes"]) == (40, results["bytes"]) and run["objects_per_s"] > 0
     assert results["dlfs_pack"]["8"]["peak_rss"] > 0
     page = "\n".join(bench_s3_source.render(results))
-    assert "| `dlfs pack --readers 8` |" in page and "| GETs, 4 threads |" in page
+    assert "| `dlfs pack --threads 8` |" in page and "| GETs, 4 threads |" in page
     assert not (tmp_path / "work").exists()

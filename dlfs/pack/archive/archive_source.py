@@ -85,7 +85,7 @@ def scans(source: str, options: PackOptions) -> bool:
     """Whether a pack of ``source`` copies runs of plain tar members from its file as the C loop
     takes them (``ArchiveSource.scanner``): members stored as they are, the source a regular file (not
     standard input, nor a pipe such as ``<(curl ...)``). Such a pack reads the tar where its
-    members lie, without ``ReadAhead``."""
+    members lie, without ``Prefetch``."""
     plain = not options.compress and options.transform is None and options.path_map is None
     return plain and source != "-" and os.path.isfile(source) and TarScanner.available()
 
@@ -114,9 +114,9 @@ class Sink(Protocol):
 class ArchiveSource:
     """An archive source, opened: its kind is known and its stream is at its first byte."""
 
-    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
-        """``read_ahead``, ``opened``: see ``ArchiveStream``."""
-        self.stream = ArchiveStream(source, read_ahead, opened)
+    def __init__(self, source: str, prefetch: bool = True, opened: BinaryIO | None = None) -> None:
+        """``prefetch``, ``opened``: see ``ArchiveStream``."""
+        self.stream = ArchiveStream(source, prefetch, opened)
         self.kind = self.stream.kind
         self.name = self.stream.name
         if self.stream.file is not None:
@@ -132,7 +132,7 @@ class ArchiveSource:
 
     def scanner(self, read_at: ReadAt, held: bool, options: PackOptions) -> TarScanner | None:
         """The C loop over runs of plain members, reading through ``read_at`` (``held``: see
-        ``TarScanner``): for a plain tar read from its file without ``ReadAhead``, where the
+        ``TarScanner``): for a plain tar read from its file without ``Prefetch``, where the
         library is built, and no ``--map`` moves members (``Ledger.admit`` moves them one by one)."""
         if self.kind != "tar" or self.stream.file is None or self.stream.ahead is not None:
             return None
@@ -304,7 +304,7 @@ class _Writer:
         self.options, self.summary = options, summary
         self.batch: list[Item] = []
         self.batch_bytes = 0
-        self.window: deque[tuple[list[Member], Future[list[Payload | None]], int]] = deque()
+        self.in_flight: deque[tuple[list[Member], Future[list[Payload | None]], int]] = deque()
         self.inflight = 0
         self.bar: tqdm | None = None
         self.started = time.monotonic()
@@ -331,18 +331,18 @@ class _Writer:
         items, self.batch = self.batch, []
         encodings = [(data, None if member.sparse is None else member.size) for member, data in items]
         future = self.pool.submit(_encode_batch, encodings, self.options.compress, self.options.transform)
-        self.window.append(([member for member, _ in items], future, self.batch_bytes))
+        self.in_flight.append(([member for member, _ in items], future, self.batch_bytes))
         self.inflight += self.batch_bytes
         self.batch_bytes = 0
-        while self.window and (
-            len(self.window) > 2 * self.options.readers or self.inflight > MAX_INFLIGHT_BYTES
+        while self.in_flight and (
+            len(self.in_flight) > 2 * self.options.threads or self.inflight > MAX_INFLIGHT_BYTES
         ):
             self._drain_one()
 
     def finish_pending(self) -> None:
         """Write and record every member handed over so far."""
         self._submit()
-        while self.window:
+        while self.in_flight:
             self._drain_one()
 
     def add_run(self, run: FileRun) -> None:
@@ -360,7 +360,7 @@ class _Writer:
         advance(self.bar, self.ledger, self.started, size, len(run))
 
     def _drain_one(self) -> None:
-        batch, future, charged = self.window.popleft()
+        batch, future, charged = self.in_flight.popleft()
         self.inflight -= charged
         for member, payload in zip(batch, future.result(), strict=True):
             if payload is None:

@@ -209,9 +209,9 @@ class InPlaceSource:
         positional: Positional | None = None
         if self.bucket is not None:
             positional = S3Tar(self.bucket, tar)
-            archive = ArchiveSource(positional.name, read_ahead=False, opened=cast(BinaryIO, positional))
+            archive = ArchiveSource(positional.name, prefetch=False, opened=cast(BinaryIO, positional))
         else:
-            archive = ArchiveSource(tar, read_ahead=False)
+            archive = ArchiveSource(tar, prefetch=False)
             if archive.stream.file is not None:
                 positional = LocalTar(archive.name, archive.stream.file.fileno())
         problem = ""

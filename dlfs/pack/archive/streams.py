@@ -42,7 +42,7 @@ CHUNK = 1 << 20
 READ_MAX = 64 << 20
 #: What ``Buffered`` reads ahead of a header where it can skip what follows (``Buffered.skips``).
 SKIPPING_AHEAD = 16 << 10
-#: Chunks read ahead of the pack (``ReadAhead``).
+#: Chunks prefetched ahead of the pack (``Prefetch``).
 AHEAD = 16
 #: What a decompressor or an archive reader raises on bytes that are not what they claim. An
 #: ``OSError`` without an errno is one too (``gzip.BadGzipFile``, bz2's "Invalid data stream");
@@ -71,7 +71,7 @@ class Buffered:
         self.position = 0
         seekable = getattr(inner, "seekable", None)
         #: The stream can pass over bytes without reading them (``skip``): a tar read from its file
-        #: (not through ``ReadAhead``), or a member of one (``Bounded``).
+        #: (not through ``Prefetch``), or a member of one (``Bounded``).
         self.skips = hasattr(inner, "skip") or (seekable is not None and seekable())
         #: Bytes read beyond what is asked for: CHUNK, or where the stream skips SKIPPING_AHEAD, so
         #: that reading a header does not copy the member data after it, which may be skipped.
@@ -134,7 +134,7 @@ class Buffered:
         self.position += count
 
 
-class ReadAhead:
+class Prefetch:
     """A stream read by a thread of its own, up to AHEAD chunks of CHUNK ahead of the reader: the
     disk (and a decompressor, which releases the GIL) work while the pack parses and writes. What
     the thread meets (the end, an error) reaches the reader in order."""
@@ -278,14 +278,14 @@ class ArchiveStream:
     """The source's kind (``tar``, ``tar.gz``, ..., or ``zip``) and, for a tar, its uncompressed
     bytes as a ``Buffered``; a zip is read from its file (its directory is at its end)."""
 
-    def __init__(self, source: str, read_ahead: bool = True, opened: BinaryIO | None = None) -> None:
-        """``read_ahead``: read the tar in a thread of its own (``ReadAhead``); without, a plain
+    def __init__(self, source: str, prefetch: bool = True, opened: BinaryIO | None = None) -> None:
+        """``prefetch``: read the tar in a thread of its own (``Prefetch``); without, a plain
         tar's stream is its file, which ``Buffered.skip`` seeks past bytes the pass does not read
         (the in-place pass reads them itself, where they lie). ``opened``: the source already open
         as a stream that reads and skips (an object in S3: ``positional.S3Tar``)."""
         self.source = source
         self.file: BinaryIO | None = None
-        self.ahead: ReadAhead | None = None
+        self.ahead: Prefetch | None = None
         self.opened = opened
         if opened is not None:
             raw = opened
@@ -321,10 +321,10 @@ class ArchiveStream:
                 )
             self.kind = "tar" if compression == "tar" else f"tar.{_SUFFIX[compression]}"
             if compression == "tar":
-                if not read_ahead:
+                if not prefetch:
                     self.stream = Buffered(raw, head)
                     return
-                self.ahead = ReadAhead(raw)
+                self.ahead = Prefetch(raw)
                 self.stream = Buffered(self.ahead, head)  # type: ignore[arg-type]
                 return
             inner = _decompressed(compression, _Prefixed(head, raw))
@@ -332,7 +332,7 @@ class ArchiveStream:
                 first = _read_exactly(inner, SNIFF)
             if sniff(first) != "tar":
                 raise PackError(f"{self.name} is {compression}-compressed but holds no tar; unpack it first")
-            self.ahead = ReadAhead(inner)
+            self.ahead = Prefetch(inner)
             self.stream = Buffered(self.ahead, first)  # type: ignore[arg-type]
         except BaseException:
             self.close()

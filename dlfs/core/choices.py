@@ -1,0 +1,16 @@
+"""The values of the command line's choice flags, named once where the parser can read them without
+loading what implements them (numpy, the pack): ``order.MODES`` is built from ``ORDER_MODES`` and
+``pack.placement`` lays out the ``PLACEMENTS``."""
+
+from __future__ import annotations
+
+#: Epoch orders by name (``dlfs mount --order``): a uniform shuffle, or block-wise runs of storage
+#: neighbours for slow media (``dlfs.core.order``).
+ORDER_MODES = ("full", "block")
+
+#: Where file bytes go in the shards (``dlfs pack --placement``): in sorted tree order, or in a
+#: seeded random order (``dlfs.pack.placement``).
+PLACEMENTS = ("tree", "random")
+
+#: Spellings a choice flag still accepts for a value now named otherwise.
+PLACEMENT_ALIASES = {"source": "tree"}
