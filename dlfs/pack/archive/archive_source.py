@@ -229,7 +229,7 @@ def _beside_symlinks(run: FileRun, ledger: Ledger, options: PackOptions, summary
     return run if keep.all() else run.select(keep)
 
 
-class MemberSource(Protocol):
+class OnePassSource(Protocol):
     """A source whose members come in one pass (an ``ArchiveSource``, ``objects.ObjectSource``)."""
 
     name: str
@@ -242,7 +242,7 @@ class MemberSource(Protocol):
 
 
 def write_members(
-    source: MemberSource,
+    source: OnePassSource,
     shards: InOrderShards,
     spill: Spill,
     options: PackOptions,
