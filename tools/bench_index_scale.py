@@ -75,7 +75,9 @@ def steps(work: Path) -> dict[str, tuple[Callable[[], object], list[Path]]]:
         CAT: (lambda: subprocess.run(["cat", tar], check=True, stdout=subprocess.DEVNULL), []),
         IN_PLACE: (
             lambda: subprocess.run(
-                [*DLFS, "-q", "pack", "--in-place", "--expand-tars", tar, dataset], check=True
+                [*DLFS, "-q", "pack", "--in-place", "--expand-tars", tar, dataset],
+                check=True,
+                stdout=subprocess.DEVNULL,
             ),
             [dataset],
         ),
