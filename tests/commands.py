@@ -40,10 +40,18 @@ def dlfs(
     return result
 
 
-def tool(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run one of ``tools/`` (a path under ``TOOLS``) with this interpreter; fail on a non-zero exit."""
+def tool(
+    *args: str | Path, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one of ``tools/`` (a path under ``TOOLS``) with this interpreter, in ``cwd`` (a benchmark
+    runs outside the checkout); fail on a non-zero exit."""
     return subprocess.run(
-        [sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout, check=True
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+        cwd=cwd,
     )
 
 

@@ -5,13 +5,12 @@ section of docs/benchmarks.md renders the ratio against its target."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
-from commands import TOOLS
+from commands import TOOLS, tool
 
 sys.path.insert(0, str(TOOLS))
 import bench_index_scale as bis
@@ -24,15 +23,12 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     cwd = tmp_path_factory.mktemp("index-scale")
-    command = [TOOLS / "bench_index_scale.py", "--classes", CLASSES, "--per-class", PER_CLASS, "--size", 500]
-    done = subprocess.run(
-        [sys.executable, *map(str, command), "--work", "data", "--json"],
-        capture_output=True,
-        text=True,
+    done = tool(
+        *(TOOLS / "bench_index_scale.py", "--classes", CLASSES, "--per-class", PER_CLASS, "--size", 500),
+        *("--work", "data", "--json"),
         timeout=TIMEOUT,
         cwd=cwd,
     )
-    assert done.returncode == 0, done.stderr
     return json.loads(done.stdout), cwd
 
 
