@@ -12,5 +12,5 @@ ORDER_MODES = ("full", "block")
 #: seeded random order (``dlfs.pack.placement``).
 PLACEMENTS = ("tree", "random")
 
-#: Spellings a choice flag still accepts for a value now named otherwise.
+#: Other spellings a choice flag accepts, and the value each means; ``--help`` lists only the values.
 PLACEMENT_ALIASES = {"source": "tree"}
