@@ -57,7 +57,7 @@ def _walk(tree: dict[bytes, object], prefix: bytes = b"") -> list[tuple[bytes, o
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tree=st.dictionaries(names, trees, max_size=6), placement=st.sampled_from(["source", "random"]))
+@given(tree=st.dictionaries(names, trees, max_size=6), placement=st.sampled_from(["tree", "random"]))
 def test_index_resolves_every_path_and_lists_every_directory(
     tree: dict[bytes, object], placement: str
 ) -> None:

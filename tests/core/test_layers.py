@@ -105,6 +105,7 @@ def test_the_cli_imports_what_a_command_calls_only_when_it_runs() -> None:
     the other command modules and the few light modules that define its flags; the layers a
     command calls are imported inside its ``run``."""
     light = ("dlfs.cli", "dlfs.logs", "dlfs.__version__", "dlfs.core.errors", "dlfs.core.store.interface")
+    light += ("dlfs.core.choices",)
     light += ("dlfs.fuse.mount",)
     heavy = [
         f"{path.relative_to(PACKAGE)} imports {name}"

@@ -121,7 +121,7 @@ def test_config_and_stats_are_json_and_stats_are_fresh(packed: Path, mount) -> N
         second = json.loads((Path(mnt) / ".dlfs" / "stats").read_text())
         assert second["requests"]["read"] > first["requests"].get("read", 0)
         assert second["requests"]["lookup"] > first["requests"]["lookup"]
-        assert {"cache", "storage", "readahead", "uptime_seconds"} <= set(second)
+        assert {"ram_cache", "storage", "readahead", "uptime_seconds"} <= set(second)
 
 
 @pytest.mark.parametrize("mode", ["full", "block"])

@@ -71,7 +71,7 @@ def _index_sections(dst: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     ("placement", "compress"),
-    [("source", False), ("random", False), ("source", True)],
+    [("tree", False), ("random", False), ("tree", True)],
     ids=["in-place", "random", "lz4"],
 )
 def test_chunk_sizes_never_change_the_index(
