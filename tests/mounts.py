@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from commands import dlfs
-from waits import HANG, bound, exited_within, wait_exited
+from waits import HANG, Asked, bound, exited_within, wait_exited
 
 from dlfs.fuse.mount import holders
 
@@ -126,6 +126,12 @@ def daemon_of(mnt: Path) -> int:
     daemons = daemons_of(mnt)
     assert daemons, f"no daemon serves {mnt}"
     return daemons[0]
+
+
+def counters_of(mnt: Path) -> Asked:
+    """What a wait on ``mnt``'s counters (``mount_stats``) wakes on: nothing signals a change to
+    them, so they are asked again, and the wait ends at once when the daemon serving them does."""
+    return Asked(daemon_of(mnt))
 
 
 def mount_stats(mnt: Path) -> dict:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from waits import wait_for
+from waits import Asked, wait_for
 
 from dlfs.core.libc import cached_pages
 
@@ -29,7 +29,7 @@ def drop_from_memory(path: Path) -> None:
         return cached_pages(fd, os.fstat(fd).st_size) in (0, None)
 
     try:
-        wait_for(evicted, f"the pages of {path} to leave the page cache", seconds=5)
+        wait_for(evicted, f"the pages of {path} to leave the page cache", Asked(), seconds=5)
     finally:
         os.close(fd)
 

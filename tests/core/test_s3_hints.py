@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from waits import wait_for
+from waits import Asked, wait_for
 
 from dlfs.core.store.s3.hints import HintCache
 
@@ -86,7 +86,7 @@ def test_a_hint_past_the_budget_is_dropped_until_an_abandoned_one_is_let_go(gets
             cache.hint("a", 2000, 500)  # no room until the unread hints are done (ttl 0): then let go
             return ("a", 2000, 500) in cache.hinted()
 
-        wait_for(hinted_once_the_others_are_done, "room for a hint once the unread ones are done")
+        wait_for(hinted_once_the_others_are_done, "room for a hint once the unread ones are done", Asked())
         # The hint done and unread (0-800) was let go for it; the small one may be done or not yet.
         hinted = cache.hinted()
         assert ("a", 0, 800) not in hinted and ("a", 2000, 500) in hinted and cache.held <= 1000

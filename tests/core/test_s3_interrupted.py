@@ -18,7 +18,7 @@ from commands import DLFS, assert_one_line_error, dlfs
 from s3env import objects, open_uploads, split
 from seaweed import SeaweedServer
 from trees import SMALL_SHARD
-from waits import wait_for
+from waits import Asked, wait_for
 
 from dlfs.core import format as fmt
 
@@ -89,7 +89,10 @@ def pack_until(
     reader.start()
     try:
         wait_for(
-            lambda: reached(events) or process.poll() is not None, "the moment to interrupt the pack at", 60
+            lambda: reached(events) or process.poll() is not None,
+            "the moment to interrupt the pack at",
+            Asked(process.pid),
+            seconds=60,
         )
         assert process.poll() is None, "the pack ended first"
         yield process

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from mounts import mount_stats
+from mounts import counters_of, mount_stats
 from waits import wait_for
 
 from dlfs.core.libc import cachestat, in_memory
@@ -36,7 +36,7 @@ def wait_settled(mnt: Path, epoch: str, files: int) -> None:
         return readahead["readings"][f"{epoch}.{RANK_0}"]["fetched"] == files and not readahead["inflight"]
 
     what = f"the read-ahead of {epoch} to fetch its {files} files"
-    wait_for(settled, what, seen=lambda: json.dumps(mount_stats(mnt)["readahead"]))
+    wait_for(settled, what, counters_of(mnt), seen=lambda: json.dumps(mount_stats(mnt)["readahead"]))
 
 
 def forget_everything(mnt: Path, forgets: int) -> None:
@@ -47,6 +47,7 @@ def forget_everything(mnt: Path, forgets: int) -> None:
     wait_for(
         lambda: mount_stats(mnt)["requests"].get("forget", 0) >= before + forgets,
         f"{forgets} FORGETs to reach the daemon after drop_caches",
+        counters_of(mnt),
     )
 
 

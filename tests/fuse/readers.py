@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import xxhash
-from waits import bound, wait_for
+from waits import Changes, Exit, bound, wait_for
 
 from dlfs.pack import PackOptions, pack
 
@@ -69,7 +69,13 @@ def start_readers(
         assert not ended, f"reader processes {ended} ended before they were ready"
         return all((work / f"ready-{k}").exists() for k in range(len(jobs)))
 
-    wait_for(ready, f"{len(jobs)} reader processes to start their threads", 60)
+    wait_for(
+        ready,
+        f"{len(jobs)} reader processes to start their threads",
+        Changes(work),
+        *(Exit(process.pid) for process, _ in started),
+        seconds=60,
+    )
     return started
 
 

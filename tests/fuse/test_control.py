@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from commands import DLFS, assert_one_line_error, dlfs
 from page_cache import drop_from_memory
-from waits import wait_for
+from waits import Signal, wait_for
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
@@ -147,23 +147,34 @@ def test_dlfs_stats_shows_totals_and_rates_of_a_mount(packed_on_disk: Path, odd_
             [*DLFS, "stats", str(mnt), "--watch", "0.2", "--json"], stdout=subprocess.PIPE, text=True
         )
         lines: list[dict[str, float]] = []
-        collector = threading.Thread(target=lambda: lines.extend(map(json.loads, watching.stdout or ())))
-        collector.start()
-        try:
-            wait_for(
-                lambda: len(lines) >= 2, "two lines of rates from dlfs stats --watch", seen=lambda: lines
-            )
-            for path in sorted((odd_tree / "classes" / "n00000000").iterdir()):
-                (mnt / "classes" / "n00000000" / path.name).read_bytes()
-            wait_for(
-                lambda: any(line["reads_per_s"] > 0 for line in lines),
-                "a rate of reads above 0",
-                seen=lambda: lines,
-            )
-        finally:
-            watching.terminate()
-            watching.wait(timeout=10)
-            collector.join(timeout=10)
+        with Signal() as line_read:
+
+            def collect() -> None:
+                for line in watching.stdout or ():
+                    lines.append(json.loads(line))
+                    line_read.set()
+
+            collector = threading.Thread(target=collect)
+            collector.start()
+            try:
+                wait_for(
+                    lambda: len(lines) >= 2,
+                    "two lines of rates from dlfs stats --watch",
+                    line_read,
+                    seen=lambda: lines,
+                )
+                for path in sorted((odd_tree / "classes" / "n00000000").iterdir()):
+                    (mnt / "classes" / "n00000000" / path.name).read_bytes()
+                wait_for(
+                    lambda: any(line["reads_per_s"] > 0 for line in lines),
+                    "a rate of reads above 0",
+                    line_read,
+                    seen=lambda: lines,
+                )
+            finally:
+                watching.terminate()
+                watching.wait(timeout=10)
+                collector.join(timeout=10)
         assert len(lines) >= 3, lines
     assert_one_line_error(dlfs("stats", odd_tree, check=False), "not a dlfs mount")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from commands import DLFS, assert_one_line_error, dlfs
 from footprint import peak_resident
-from mounts import daemon_of, is_mounted, mount_pid, mount_stats, mounted, unmount_and_reap
+from mounts import counters_of, daemon_of, is_mounted, mount_pid, mount_stats, mounted, unmount_and_reap
 from readers import finish_readers, start_readers
-from waits import alive, wait_exited, wait_for
+from waits import Changes, alive, wait_exited, wait_for
 
 from dlfs.core import memory
 
@@ -36,7 +36,9 @@ def _reads_answered(mnt: Path) -> int:
 def _wait_reading(mnt: Path, reads: int) -> None:
     """Until the readers are under way: ``reads`` more READs reached the daemon from now."""
     start = _reads_answered(mnt)
-    wait_for(lambda: _reads_answered(mnt) >= start + reads, f"the readers' first {reads} READs")
+    wait_for(
+        lambda: _reads_answered(mnt) >= start + reads, f"the readers' first {reads} READs", counters_of(mnt)
+    )
 
 
 def test_sigkill_with_16_readers_mid_read_fails_each_at_once_and_a_new_mount_recovers(
@@ -174,7 +176,12 @@ def memory_cgroup() -> Iterator[tuple[Path, str]]:
         (group / limit).write_text(str(CGROUP_LIMIT))
         yield group, events
     finally:
-        wait_for(lambda: not _text(group / "cgroup.procs").strip(), f"the processes of {group} to end")
+        # cgroup.events is written when the group empties ("populated 0"): a change inotify reports.
+        wait_for(
+            lambda: not _text(group / "cgroup.procs").strip(),
+            f"the processes of {group} to end",
+            Changes(group / "cgroup.events", group / "tasks"),
+        )
         group.rmdir()
 
 

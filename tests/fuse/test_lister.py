@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from waits import HANG, bound, wait_for
+from waits import HANG, Asked, bound, wait_for
 
 from dlfs.core.index import Index
 from dlfs.core.store import open_store
@@ -30,14 +30,14 @@ def test_a_folder_is_listed_once_after_enough_misses_and_again_once_forgotten(pa
     for _ in range(5):  # the third miss lists it; later ones are answered by the kernel, or ignored
         lister.looked_up(many)
     assert done.acquire(timeout=bound(HANG)), "the folder was never listed"
-    wait_for(lambda: lister.pending == 0, "the lister's queue to empty")
+    wait_for(lambda: lister.pending == 0, "the lister's queue to empty", Asked())
     assert listed == [many]
 
     lister.forgotten([many])
     for _ in range(3):
         lister.looked_up(many)
     assert done.acquire(timeout=bound(HANG)), "the forgotten folder was never listed again"
-    wait_for(lambda: lister.listed == 2, "the lister to count its second listing")
+    wait_for(lambda: lister.listed == 2, "the lister to count its second listing", Asked())
     assert listed == [many, many]
 
 
@@ -67,13 +67,13 @@ def test_once_a_scan_listed_every_folder_all_are_listed_again(packed: Path) -> N
     lister.scanned(folders[0])  # listed twice: still one folder
     assert lister.pending == 0 and len(listed) == 1, "a partial scan lists nothing"
     lister.scanned(folders[-1])
-    wait_for(lambda: lister.pending == 0, "the relisting of the whole tree to end")
+    wait_for(lambda: lister.pending == 0, "the relisting of the whole tree to end", Asked())
     assert sorted(listed) == folders and lister.listed == len(folders) - 1
 
     lister.forgotten([folders[0]])
     for row in folders:
         lister.scanned(row)
-    wait_for(lambda: lister.pending == 0, "the relisting of the forgotten folder to end")
+    wait_for(lambda: lister.pending == 0, "the relisting of the forgotten folder to end", Asked())
     assert len(listed) == len(folders) + 1 and listed.count(folders[0]) == 2, listed
 
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mounts import mount_stats
+from mounts import counters_of, mount_stats
 from trees import write
 from waits import wait_for
 
@@ -82,7 +82,11 @@ def test_a_folder_walked_by_name_is_listed_so_later_opens_skip_the_daemon(
         folder = mnt / "cls"
         for name in names[:4]:
             assert (folder / name).read_bytes() == name.encode()
-        wait_for(lambda: mount_stats(mnt)["listed_folders"] == 1, "the daemon's listing of the folder")
+        wait_for(
+            lambda: mount_stats(mnt)["listed_folders"] == 1,
+            "the daemon's listing of the folder",
+            counters_of(mnt),
+        )
         before = mount_stats(mnt)["requests"]
         for name in names[4:]:
             assert (folder / name).read_bytes() == name.encode()

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import trio
 from commands import assert_one_line_error, dlfs
-from mounts import is_mounted, mount_stats
+from mounts import counters_of, is_mounted, mount_stats
 from page_cache import drop_from_memory
 from scrapes import Samples, scrape, value
 from seaweed import free_ports
@@ -52,7 +52,11 @@ def test_a_scrape_gives_the_counters_of_dlfs_stats(
         for path in sorted((odd_tree / "many").iterdir())[:60]:
             assert (mnt / "many" / path.name).read_bytes() == path.read_bytes()
         # The daemon's own listings (of folders read by name) finish first: then nothing moves.
-        wait_for(lambda: mount_stats(mnt)["listing_folders"] == 0, "the daemon's own listings to end")
+        wait_for(
+            lambda: mount_stats(mnt)["listing_folders"] == 0,
+            "the daemon's own listings to end",
+            counters_of(mnt),
+        )
         stats = mount_stats(mnt)
         samples = scrape(port)
     python = stats["read_latency_us_log2"]

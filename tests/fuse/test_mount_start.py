@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from commands import DLFS, assert_one_line_error, dlfs
 from mounts import daemons_of, force_unmount, is_mounted, kill_daemon, mount_pid
-from waits import HANG, bound, wait_exited, wait_for
+from waits import HANG, Asked, Exit, Mounts, bound, wait_exited, wait_for
 
 from dlfs.fuse import mount as dlfs_mount
 
@@ -71,7 +71,12 @@ def test_a_daemon_stopped_after_it_mounted_leaves_no_dead_mount(packed: Path, tm
     command = [*DLFS, "mount", str(packed), str(mnt), "--foreground"]
     child = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: is_mounted(mnt) or child.poll() is not None, "the foreground daemon to mount")
+        wait_for(
+            lambda: is_mounted(mnt) or child.poll() is not None,
+            "the foreground daemon to mount",
+            Mounts(),
+            Exit(child.pid),
+        )
         assert is_mounted(mnt), f"the daemon exited {child.returncode} before it mounted"
         dlfs_mount._stop(child, str(mnt))
         assert not is_mounted(mnt) and os.listdir(mnt) == []
@@ -155,7 +160,7 @@ def test_a_mount_given_up_while_starting_leaves_nothing_behind(packed: Path, tmp
             return waiting and len(daemons) == 1 and _sleeps_in(daemons[0], "pipe_write")
 
         try:
-            wait_for(held, "dlfs mount waiting for a daemon held at its first log line")
+            wait_for(held, "dlfs mount waiting for a daemon held at its first log line", Asked(parent.pid))
             daemon = daemons[0]
             parent.send_signal(signum)
             if signum == signal.SIGINT:  # dlfs mount stops its daemon, which never gets further

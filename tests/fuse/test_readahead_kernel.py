@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from mounts import mount_stats
+from mounts import counters_of, mount_stats
 from readahead_checks import (
     forget_everything,
     make_classes,
@@ -72,7 +72,11 @@ def test_entries_a_scan_listed_are_pushed(
     with pack_and_mount(src, "--readahead-budget", "64M", "--readdirplus", readdirplus) as mnt:
         for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name)[:scanned]:
             list(os.scandir(class_dir.path))
-        wait_for(lambda: mount_stats(mnt)["listing_folders"] == 0, "the background listings to end")
+        wait_for(
+            lambda: mount_stats(mnt)["listing_folders"] == 0,
+            "the background listings to end",
+            counters_of(mnt),
+        )
         assert mount_stats(mnt)["listed_folders"] == in_background
         paths = published(mnt, "epoch-0")
         wait_settled(mnt, "epoch-0", len(paths))
@@ -95,7 +99,9 @@ def test_a_scan_after_the_kernel_forgot_the_tree_is_a_plain_one_again(tmp_path: 
             for class_dir in sorted(os.scandir(mnt), key=lambda entry: entry.name):
                 list(os.scandir(class_dir.path))
             wait_for(
-                lambda: mount_stats(mnt)["listing_folders"] == 0, f"the listings after scan {scan} to end"
+                lambda: mount_stats(mnt)["listing_folders"] == 0,
+                f"the listings after scan {scan} to end",
+                counters_of(mnt),
             )
             assert mount_stats(mnt)["listed_folders"] == 4 * scan, mount_stats(mnt)
             forget_everything(mnt, 200)
@@ -109,7 +115,9 @@ def test_pages_dropped_by_the_kernel_are_fetched_again(tmp_path: Path, pack_and_
         wait_settled(mnt, "epoch-0", len(paths))
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         wait_for(
-            lambda: mount_stats(mnt)["readahead"]["forgotten_ahead"] > 0, "the engine to see the forgets"
+            lambda: mount_stats(mnt)["readahead"]["forgotten_ahead"] > 0,
+            "the engine to see the forgets",
+            counters_of(mnt),
         )
         wait_settled(mnt, "epoch-0", len(paths))
         data, _, _ = read_checked(mnt, paths, len(paths))

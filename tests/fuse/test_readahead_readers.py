@@ -9,7 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mounts import mount_stats
+from mounts import counters_of, mount_stats
 from readahead_checks import RANK_0, forget_everything, make_classes, published, read_all
 from waits import wait_for
 
@@ -50,7 +50,11 @@ def test_interleaved_workers_are_one_reader_not_restarts(tmp_path: Path, pack_an
         with ThreadPoolExecutor(8) as pool:
             shares = list(pool.map(worker, [paths[k::8] for k in range(8)]))
         # The read-ahead may finish its last batches after the readers are done.
-        wait_for(lambda: not mount_stats(mnt)["readahead"]["inflight"], "the last batches in flight")
+        wait_for(
+            lambda: not mount_stats(mnt)["readahead"]["inflight"],
+            "the last batches in flight",
+            counters_of(mnt),
+        )
         stats = mount_stats(mnt)
     assert sorted(b for share in shares for b in share) == sorted(
         read_all([src / p.relative_to(mnt) for p in paths])
@@ -73,18 +77,27 @@ def test_an_abandoned_reading_pauses_until_its_reader_reads_again(tmp_path: Path
         def readahead() -> dict:
             return mount_stats(mnt)["readahead"]
 
-        wait_for(lambda: readahead()["readings"][f"epoch-0.{RANK_0}"]["paused"], "the quiet reading to pause")
+        wait_for(
+            lambda: readahead()["readings"][f"epoch-0.{RANK_0}"]["paused"],
+            "the quiet reading to pause",
+            counters_of(mnt),
+        )
         paused = readahead()
         assert paused["paused_readings"] == 1 and paused["pauses"] == 1, json.dumps(paused)
         for _ in range(5):
             forget_everything(mnt, 100)
-        wait_for(lambda: not readahead()["inflight"], "the batches in flight to end")
+        wait_for(lambda: not readahead()["inflight"], "the batches in flight to end", counters_of(mnt))
         evicted = readahead()
         assert evicted["forgotten_ahead"] > 0, "the engine saw the lead forgotten"
         assert evicted["issued_files"] == paused["issued_files"], json.dumps(evicted)
         assert read_all(paths[100:101]) == [(src / paths[100].relative_to(mnt)).read_bytes()]
-        wait_for(lambda: readahead()["resumes"] == 1, "the reading to resume")
+        wait_for(lambda: readahead()["resumes"] == 1, "the reading to resume", counters_of(mnt))
         # The budget holds 100 files: most of them are fetched ahead of the reader again.
         pushed = paused["pushed_files"] + 50
-        wait_for(lambda: readahead()["pushed_files"] >= pushed, f"{pushed} files pushed", seen=readahead)
+        wait_for(
+            lambda: readahead()["pushed_files"] >= pushed,
+            f"{pushed} files pushed",
+            counters_of(mnt),
+            seen=readahead,
+        )
         assert readahead()["readings"][f"epoch-0.{RANK_0}"]["cursor"] == 100

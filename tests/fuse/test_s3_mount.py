@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import xxhash
 from footprint import PeakRss, counts, resident
-from mounts import daemon_of, mount_stats
+from mounts import counters_of, daemon_of, mount_stats
 from readers import finish_readers, start_readers
 from s3env import use_s3
 from scrapes import scrape, value
@@ -86,7 +86,11 @@ def test_a_scrape_of_an_s3_mount_gives_its_store_and_disk_tier_counters(
     flags = ("--disk-tier", str(tmp_path / "cache"), "--disk-tier-size", "64M", "--metrics-port", str(port))
     with mount(url, *flags) as mnt:
         _same_tree(odd_tree, mnt)
-        wait_for(lambda: mount_stats(mnt)["listing_folders"] == 0, "the background listings to end")
+        wait_for(
+            lambda: mount_stats(mnt)["listing_folders"] == 0,
+            "the background listings to end",
+            counters_of(mnt),
+        )
         stats = mount_stats(mnt)
         samples = scrape(port)
     assert stats["store"]["requests"] > 0 and stats["disk_tier"]["misses"] > 0
@@ -204,7 +208,11 @@ def test_a_store_that_goes_away_gives_eio_in_bounded_time_and_reads_resume_when_
         assert failure.value.errno == errno.EIO
         assert time.monotonic() - started < bound(15)
         own_server.start()
-        wait_for(lambda: _readable(mnt / files[-1].relative_to(src)), "reads to resume with the store back")
+        wait_for(
+            lambda: _readable(mnt / files[-1].relative_to(src)),
+            "reads to resume with the store back",
+            counters_of(mnt),
+        )
         _same_tree(src, mnt)
 
 
@@ -312,5 +320,6 @@ def test_a_store_that_accepts_but_never_answers_gives_eio_after_the_timeout_in_b
         wait_for(
             lambda: all(_readable(mnt / relpath) for relpath in expected),
             "reads to resume with the store answering",
+            counters_of(mnt),
         )
         _same_tree(src, mnt)

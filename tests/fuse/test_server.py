@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from commands import dlfs
 from damage import flip_byte, payload_place
-from mounts import is_mounted, mount_pid, mount_stats
+from mounts import counters_of, is_mounted, mount_pid, mount_stats
 from page_cache import drop_from_memory
 from trees import write
-from waits import HANG, alive, bound, wait_exited, wait_for
+from waits import HANG, Changes, Exit, alive, bound, wait_exited, wait_for
 
 from dlfs.core.libc import cached_pages
 from dlfs.core.protocol import LATENCY_BUCKETS
@@ -221,7 +221,12 @@ def test_stopping_with_c_threads_busy_leaves_no_reader_hanging(
     reading = [tmp_path / f"reading-{k}" for k in range(6)]
     readers = [subprocess.Popen([sys.executable, "-c", reader, str(mnt), str(path)]) for path in reading]
     try:
-        wait_for(lambda: all(path.exists() for path in reading), "every reader to get going")
+        wait_for(
+            lambda: all(path.exists() for path in reading),
+            "every reader to get going",
+            Changes(tmp_path),
+            *(Exit(reader.pid) for reader in readers),
+        )
         assert native_stats(mnt)["answered"]["read"] > 0
         if stop == "umount":
             dlfs("umount", "--lazy", mnt, timeout=30)  # they hold it busy: only a lazy one goes
@@ -281,6 +286,7 @@ def test_forgets_reach_python_gathered(odd_tree: Path, packed: Path, mount) -> N
         wait_for(
             lambda: mount_stats(mnt)["requests"].get("forget", 0) >= len(files),
             f"FORGETs of all {len(files)} files to reach Python",
+            counters_of(mnt),
         )
         stats = mount_stats(mnt)
     answered = stats["native"]["answered"]

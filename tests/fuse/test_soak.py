@@ -16,7 +16,7 @@ import pytest
 from footprint import PeakRss, counts
 from mounts import daemon_of, mount_stats, mounted
 from readers import finish_readers, start_readers
-from waits import wait_for
+from waits import Asked, wait_for
 
 from dlfs.readahead.buffers import REUSED_BUFFER
 
@@ -86,7 +86,7 @@ def test_soak_64_readers_two_epochs_nothing_fails_leaks_or_outgrows_its_budgets(
     # (its private view of the mount, each shard's O_DIRECT descriptor), and those are no leak.
     warm_up = start_readers(mnt, expected, tmp_path / "warm-up", soak_jobs(2, 32), deadline=time.time() + 5)
     assert sum(result["error_count"] for result in finish_readers(warm_up, 60)) == 0
-    wait_for(lambda: _quiet(mnt), "the warm-up's read-ahead and listings to end")
+    wait_for(lambda: _quiet(mnt), "the warm-up's read-ahead and listings to end", Asked(pid))
     before = counts(pid)
     work = tmp_path / "work"
     with PeakRss(pid) as rss:
@@ -97,11 +97,12 @@ def test_soak_64_readers_two_epochs_nothing_fails_leaks_or_outgrows_its_budgets(
     errors = [error for result in results for error in result["errors"]]
     assert sum(result["error_count"] for result in results) == 0, errors
     assert all(result["files"] or result["stats"] for result in results), "a reader did nothing"
-    wait_for(lambda: _quiet(mnt), "the soak's read-ahead and listings to end")
+    wait_for(lambda: _quiet(mnt), "the soak's read-ahead and listings to end", Asked(pid))
     # Worker threads the daemon started under load end once idle (trio's after 10 s).
     wait_for(
         lambda: counts(pid)[0] <= before[0] and counts(pid)[1] <= before[1],
         f"descriptors and threads back to {before}",
+        Asked(pid),
         seen=lambda: counts(pid),
     )
     after = counts(pid)

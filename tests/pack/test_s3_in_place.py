@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from archives import COMPRESSORS, archive_tree, extract, listing, write_tar
 from commands import assert_one_line_error, dlfs
-from mounts import mounted
+from mounts import counters_of, mounted
 from s3env import TEST_BUCKET
 from seaweed import SeaweedServer
 from waits import wait_for
@@ -216,7 +216,7 @@ def test_the_read_ahead_fetches_the_published_order_from_s3(
             readahead = stats(mnt)["readahead"]
             return readahead["readings"]["epoch-0.rank-0-of-1"]["fetched"] == len(paths)
 
-        wait_for(fetched, "the read-ahead to fetch the epoch")
+        wait_for(fetched, "the read-ahead to fetch the epoch", counters_of(mnt))
         data = [path.read_bytes() for path in paths]
         readahead = stats(mnt)["readahead"]
     assert data == [expected[str(path.relative_to(mnt))] for path in paths]
