@@ -11,6 +11,7 @@ and a GET each would cost a round trip each. Every GET asks for the version a HE
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 from collections.abc import Iterator
@@ -73,10 +74,14 @@ class LocalTar:
         self.name, self.fd = name, fd
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.hinted = 0
-        #: The same file opened ``O_DIRECT``, or None where its filesystem reads none that way.
-        self.direct = _direct_descriptor(fd)
         #: Where a direct read lands (page-aligned, as ``O_DIRECT`` wants its memory).
         self._landing: mmap.mmap | None = None
+
+    @functools.cached_property
+    def direct(self) -> int | None:
+        """The same file opened ``O_DIRECT`` at the first read that wants it, or None where its
+        filesystem reads none that way: a tar only ever read through ``pieces`` opens nothing."""
+        return _direct_descriptor(self.fd)
 
     def pieces(self, offset: int, length: int) -> Iterator[memoryview]:
         self._hint(offset, offset + length)
@@ -94,7 +99,7 @@ class LocalTar:
         C loop over plain members reads through (``tarscan``), from a thread of its own: one read
         at a time, never two at once. Directly where the page cache misses any of them (the class
         docstring says why); through it where it holds them all, or cannot tell (no cachestat)."""
-        if self.direct is not None and libc.in_memory(self.fd, offset, len(view)) is False:
+        if libc.in_memory(self.fd, offset, len(view)) is False and self.direct is not None:
             return self._read_direct(view, offset)
         self._hint(offset, offset + len(view))
         return os.preadv(self.fd, [view], offset)
@@ -120,10 +125,10 @@ class LocalTar:
         return taken
 
     def close(self) -> None:
-        """Close the direct descriptor (the other one is the header stream's)."""
-        if self.direct is not None:
-            os.close(self.direct)
-            self.direct = None
+        """Close the direct descriptor, if one was opened (the other one is the header stream's)."""
+        direct = self.__dict__.pop("direct", None)
+        if direct is not None:
+            os.close(direct)
         if self._landing is not None:
             self._landing.close()
             self._landing = None
