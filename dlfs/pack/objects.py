@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
@@ -97,9 +97,6 @@ class ObjectSource:
         checksums are CPU work: its batches in flight follow the cores, not the GETs."""
         writing = replace(options, threads=min(options.threads, DEFAULT_PACK_THREADS))
         return write_members(self, shards, spill, writing, summary, pools.encoders)
-
-    def index_meta(self) -> dict[str, Any]:
-        return {}
 
     def record(self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary) -> None:
         """Fetch every object, ``readers`` at once, and hand each to ``record_member`` in listing

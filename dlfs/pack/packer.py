@@ -173,7 +173,7 @@ def _pack_locked(source: Source, store: Store, spill: Spill, options: PackOption
                     "transform": summary.transform or "none",
                 },
                 "shards": shard_list,
-                **source.index_meta(),
+                **shards.meta(),
             }
             if options.transform is not None:
                 meta["transform"] = options.transform.describe(summary.codec)

@@ -6,9 +6,9 @@ A source lays its members, with their metadata, into the shards it is given: a d
 tar or zip file, or a tar on standard input: ``archive.archive_source``), tars served in place
 (``archive.in_place``), or a prefix of objects (``objects``). The packer asks a source where its
 bytes go (``shards``), has it pack (``pack``), and writes and publishes the index with what the
-source adds to it (``index_meta``); it never asks which kind it has. The interface stops at "lay
-your members out", not at "hand me each member", because the kinds are fastest driven differently:
-a tree's files are read by many threads, each writing its file into a slot laid out ahead from
+shards record of where they lie (``Shards.meta``); it never asks which kind it has. The interface
+stops at "lay your members out", not at "hand me each member", because the kinds are fastest driven
+differently: a tree's files are read by many threads, each writing its file into a slot laid out ahead from
 the walk, where an archive is one stream read in order. A new kind (a zip in an object store, a
 version's changed files) implements ``Source`` and is opened here; the packer stays as it is.
 """
@@ -35,13 +35,17 @@ from dlfs.pack.walk import Tree
 
 class Shards(Protocol):
     """Where a source's bytes go: shards written into the store (``writers``), or shards that
-    lie in the tars the bytes already are in (``in_place.InPlaceShards``)."""
+    lie in the tars the bytes already are in (``in_place.TarShards``)."""
 
     def finish(self) -> list[tuple[str, int]]:
         """The index's shard list, (name, size) each, once every byte is written."""
 
     def abort(self) -> None:
         """Remove what was written (a failed or interrupted pack)."""
+
+    def meta(self) -> dict[str, Any]:
+        """What the index records of where the shards lie besides their list: the tars and bases
+        of an in-place dataset, nothing for shard files."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,6 @@ class Source(Protocol):
     ) -> tuple[Tree, Placed]:
         """Lay every member into ``shards`` (what ``shards`` gave); the tree of rows and where each
         file went, for the index. Column files go in ``spill``."""
-
-    def index_meta(self) -> dict[str, Any]:
-        """What the index records of this source beyond the build record (the tars an in-place
-        index serves from)."""
 
     def close(self) -> None:
         """Release what it holds open (files, clients)."""

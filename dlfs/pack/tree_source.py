@@ -53,11 +53,8 @@ class TreeSource:
     ) -> tuple[Tree, Placed]:
         tree = _walk(os.fsencode(self.local_folder), spill, options, summary, pools.threads)
         placed = Placed(tree, spill)
-        write_payloads(pools.encoders, tree, placed, shards, options, summary)
+        _write_payloads(pools.encoders, tree, placed, shards, options, summary)
         return tree, placed
-
-    def index_meta(self) -> dict[str, Any]:
-        return {}
 
     def close(self) -> None:
         """Nothing is held open."""
@@ -73,7 +70,7 @@ def _walk(
     return remap(walked, spill, options, summary)
 
 
-def write_payloads(
+def _write_payloads(
     pool: Executor,
     tree: Tree,
     placed: Placed,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import Executor
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from dlfs.core import format as fmt
 from dlfs.core.store import InPlaceWriter, ShardWriter, Store, WritesInPlace
@@ -70,6 +70,10 @@ class ShardSet(ABC, Generic[Writer]):
     @abstractmethod
     def finish(self) -> list[tuple[str, int]]:
         """Commit every shard; (name, length) of each, in shard order."""
+
+    def meta(self) -> dict[str, Any]:
+        """Shard files need nothing in the index besides their list."""
+        return {}
 
     def abort(self) -> None:
         """Drop every shard this pack created, so a failed pack leaves none behind: the open ones'

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 import numpy as np
 import xxhash
@@ -170,9 +170,6 @@ class ArchiveSource:
             return write_members(self, shards, spill, options, summary, pools.encoders, scanner)
         finally:
             tar.close()
-
-    def index_meta(self) -> dict[str, Any]:
-        return {}
 
     def record(
         self, ledger: Ledger, sink: Sink, options: PackOptions, summary: PackSummary, prefix: bytes = b""

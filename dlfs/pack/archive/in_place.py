@@ -56,7 +56,7 @@ TAR_SUFFIX = ".tar"
 IN_PLACE_SHARD_MAX = fmt.SHARD_MAX
 
 
-class InPlaceShards:
+class TarShards:
     """Where members lie: the shards cut from the tars, numbered in the order members arrive (the shard
     list of the index), and the tars' identities."""
 
@@ -103,7 +103,8 @@ class InPlaceShards:
         ]
 
     def meta(self) -> dict[str, Any]:
-        """The index metadata of an in-place dataset (``archive_meta.problem``)."""
+        """What the index records of the tars and where in them the shards lie (the loader checks
+        it: ``archive_meta.problem``)."""
         return {"archives": self.archives, "windows": [[number, base] for number, base, _ in self.places]}
 
     def abort(self) -> None:
@@ -116,7 +117,7 @@ class _Checksums:
     def __init__(
         self,
         ledger: Ledger,
-        shards: InPlaceShards,
+        shards: TarShards,
         summary: PackSummary,
         tar: Positional,
         number: int,
@@ -188,7 +189,7 @@ class InPlaceSource:
         self.kind = "tar folder" if self.of_tars else "tar"
         #: A local folder the destination must not lie inside: none (``source.Source``).
         self.local_folder = None
-        #: What the index records of each tar, as each is opened (``InPlaceShards.meta``).
+        #: What the index records of each tar, as each is opened (``TarShards.meta``).
         self.identities: list[dict[str, Any]] = []
         if self.of_tars and self.bucket is None:
             st = Path(source).stat()
@@ -199,9 +200,12 @@ class InPlaceSource:
             self.root = Folder(fmt.ROOT_ROW, b"", 0o755, os.geteuid(), os.getegid(), time.time_ns())
         else:
             archive, tar = self._open(self.tars[0])
-            _, uid, gid, mtime_ns = tar.owner()
+            try:
+                _, uid, gid, mtime_ns = tar.owner()
+            finally:
+                tar.close()
+                archive.close()
             self.root = Folder(fmt.ROOT_ROW, b"", 0o755, uid, gid, mtime_ns)
-            archive.close()
 
     def _open(self, tar: str) -> tuple[ArchiveSource, Positional]:
         """The tar opened, and read where its bytes lie; or a one-line refusal of what cannot be
@@ -225,13 +229,12 @@ class InPlaceSource:
         assert positional is not None
         return archive, positional
 
-    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> InPlaceShards:
+    def shards(self, store: Store, dataset_id: str, options: PackOptions) -> TarShards:
         """The shards the tars' bytes lie in: nothing is written but the index."""
-        self._shards = InPlaceShards(dataset_id, self.identities)
-        return self._shards
+        return TarShards(dataset_id, self.identities)
 
     def pack(
-        self, shards: InPlaceShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
+        self, shards: TarShards, spill: Spill, options: PackOptions, summary: PackSummary, pools: Pools
     ) -> tuple[Tree, Placed]:
         """Record every member of every tar, and where its bytes lie; the tree and placements.
         Every tar is read on this thread: ``pools`` does not serve."""
@@ -255,7 +258,7 @@ class InPlaceSource:
         tar: Positional,
         number: int,
         ledger: Ledger,
-        shards: InPlaceShards,
+        shards: TarShards,
         options: PackOptions,
         summary: PackSummary,
         progress: tuple[tqdm, float],
@@ -273,10 +276,6 @@ class InPlaceSource:
         archive.record(ledger, sink, options, summary, prefix)
         if tar.identity() != before:
             raise PackError(f"{archive.name} changed while it was indexed; pack it again once it is complete")
-
-    def index_meta(self) -> dict[str, Any]:
-        """The tars and where in them the index's shards lie (``format``)."""
-        return self._shards.meta()
 
     def close(self) -> None:
         """Nothing is held open between tars but the S3 client."""
