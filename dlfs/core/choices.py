@@ -1,6 +1,6 @@
 """The values of the command line's choice flags, named once where the parser can read them without
-loading what implements them (numpy, the pack): ``order.MODES`` is built from ``ORDER_MODES`` and
-``pack.placement`` lays out the ``PLACEMENTS``."""
+loading what implements them (numpy, the pack): ``order.MODES`` implements the ``ORDER_MODES`` and
+``pack.placement`` lays out the ``PLACEMENTS`` (a test checks that the modes agree)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlfs.core.choices import ORDER_MODES
-
 
 @dataclass(frozen=True)
 class OrderSpec:
@@ -98,16 +96,10 @@ class Mode:
 
 
 #: The order modes by name (``--order``), in the order the CLI lists them.
-MODES: dict[str, Mode] = dict(
-    zip(
-        ORDER_MODES,
-        (
-            Mode(_full_permutation, _strided, in_storage_order=False),
-            Mode(_block_permutation, _contiguous, in_storage_order=True),
-        ),
-        strict=True,
-    )
-)
+MODES: dict[str, Mode] = {
+    "full": Mode(_full_permutation, _strided, in_storage_order=False),
+    "block": Mode(_block_permutation, _contiguous, in_storage_order=True),
+}
 
 
 def epoch_permutation(count: int, spec: OrderSpec, epoch: int) -> np.ndarray:

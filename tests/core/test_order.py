@@ -120,3 +120,10 @@ def test_drop_last_gives_every_rank_floor_of_the_epoch_disjoint(
     assert all(share.size == count // world for share in shares)
     combined = np.concatenate(shares)
     assert np.unique(combined).size == combined.size == count // world * world
+
+
+def test_the_cli_offers_every_registered_mode_in_its_order() -> None:
+    from dlfs.core.choices import ORDER_MODES
+    from dlfs.core.order import MODES
+
+    assert tuple(MODES) == ORDER_MODES
