@@ -64,7 +64,7 @@ $(CODECS): | $(STAMP)
 # The suite runs where only loopback is up (tools/loopback-only): no test can reach past this machine.
 # make test leaves the sweeps and scale runs (the slow marker) to make test-all, and names its 20
 # slowest tests.
-PYTEST := AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
+PYTEST := env AWS_EC2_METADATA_DISABLED=true tools/loopback-only $(BIN)/pytest
 test: install
 	$(BIN)/ruff check dlfs tests tools
 	$(PYTEST) -m "not slow" --durations=20
@@ -73,8 +73,7 @@ test: install
 # (tools/beside-cpu-burners), so that a test which holds only on an idle machine fails here first.
 test-stress: install node-bundle
 	$(BIN)/ruff check dlfs tests tools
-	AWS_EC2_METADATA_DISABLED=true tools/beside-cpu-burners 2 tools/loopback-only $(BIN)/pytest -m "not slow" \
-		--durations=20
+	tools/beside-cpu-burners 2 $(PYTEST) -m "not slow" --durations=20
 
 test-all: install node-bundle
 	$(BIN)/ruff check dlfs tests tools
