@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_loader import Mount, fresh, one_run
 from benchdoc import DASH, TIMES, Json, number, print_document, table
-from benchlib import DLFS, dlfs_mount, drop_caches, ensure_tree, spread, timed
+from benchlib import DLFS, cold_rounds, dlfs_mount, ensure_tree, remove
 from make_imagenet_like import train_tar
 
 from dlfs import bench
@@ -111,15 +110,6 @@ def run(*command: str | Path, cwd: Path | None = None) -> None:
     subprocess.run([str(part) for part in command], check=True, stdout=subprocess.DEVNULL, cwd=cwd)
 
 
-def remove(path: Path | None) -> None:
-    if path is None:
-        return
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def prepare(work: Work, files: int, classes: int, started: float) -> None:
     """The tree of real JPEGs (``benchlib.ensure_tree``, which empties --work when it makes a new
     one) and its three archives, each written once: beside it until whole, so that an interrupted
@@ -183,19 +173,15 @@ def steps(work: Work) -> dict[str, tuple[Callable[[], None], Path | None]]:
 
 def timings(work: Work, repeat: int, started: float) -> dict[str, dict[str, float]]:
     """Median, min and max seconds of every step over ``repeat`` rounds, cold, in rotating order."""
-    todo = steps(work)
-    names = list(todo)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_no in range(repeat):
-        first = round_no % len(names)
-        for name in names[first:] + names[:first]:
-            step, output = todo[name]
-            remove(output)
-            drop_caches()
-            times[name].append(timed(step)[0])
-            progress(started, f"round {round_no + 1}/{repeat}  {name:52} {times[name][-1]:7.2f} s")
+    seconds = cold_rounds(
+        steps(work),
+        repeat,
+        lambda round_no, name, took: progress(
+            started, f"round {round_no + 1}/{repeat}  {name:52} {took:7.2f} s"
+        ),
+    )
     remove(work.scratch)
-    return {name: spread(times[name]) for name in names}
+    return seconds
 
 
 def reads(work: Work, args: argparse.Namespace, started: float) -> dict[str, dict[str, dict[str, float]]]:

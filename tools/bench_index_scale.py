@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import io
 import random
-import shutil
-import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_archive
 from benchdoc import Json, number, print_document, ratio, table
-from benchlib import DLFS, drop_caches, spread, timed
+from benchlib import DLFS, Step, cold_rounds, remove
 
 TITLE = "Indexing in place at ImageNet's member count"
 CAT, IN_PLACE, RATARMOUNT = (
@@ -62,35 +60,22 @@ def make_train_tar(out: Path, classes: int, per_class: int, size: int) -> None:
     partial.rename(out)
 
 
-def steps(work: Path) -> dict[str, tuple[Callable[[], object], list[Path]]]:
-    """Each timed command, with what it writes (removed before each run)."""
-    tar, dataset, sqlite = work / "train.tar", work / "in-place", work / "train.tar.index.sqlite"
-    # The bench extra's ratarmount, beside this Python; told to write its index however few members.
-    ratarmount = [
-        str(Path(sys.executable).with_name("ratarmount")), "--recursive", "--strip-recursive-tar-extension",
-        "--index-file", str(sqlite), "--index-minimum-file-count", "0", "--no-mount", "--recreate-index",
-        str(tar),
-    ]  # fmt: skip
+def steps(work: Path) -> dict[str, Step]:
+    """Each timed command, with what it writes."""
+    tar, dataset = work / "train.tar", work / "in-place"
+    # make bench-archive's ratarmount index command, told to write its index however few members.
+    *build, image = bench_archive.RATARMOUNT.build
+    ratarmount = bench_archive.RATARMOUNT.command(
+        (*build, "--index-minimum-file-count", "0", image), work, tar, work / "mnt"
+    )
     return {
-        CAT: (lambda: subprocess.run(["cat", tar], check=True, stdout=subprocess.DEVNULL), []),
+        CAT: (lambda: bench_archive.run("cat", tar), None),
         IN_PLACE: (
-            lambda: subprocess.run(
-                [*DLFS, "-q", "pack", "--in-place", "--expand-tars", tar, dataset],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            ),
-            [dataset],
+            lambda: bench_archive.run(*DLFS, "-q", "pack", "--in-place", "--expand-tars", tar, dataset),
+            dataset,
         ),
-        RATARMOUNT: (lambda: subprocess.run(ratarmount, check=True, stdout=subprocess.DEVNULL), [sqlite]),
+        RATARMOUNT: (lambda: bench_archive.run(*ratarmount), Path(f"{tar}.index.sqlite")),
     }
-
-
-def remove(paths: list[Path]) -> None:
-    for path in paths:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
 
 
 def main() -> None:
@@ -112,20 +97,19 @@ def main() -> None:
     tar = args.work / "train.tar"
     shape = args.work / f"shape-{args.classes}-{args.per_class}-{args.size}"
     if not shape.exists():
-        remove([tar, *args.work.glob("shape-*")])
+        for stale in (tar, *args.work.glob("shape-*")):
+            remove(stale)
         print(f"making {tar} ...", file=sys.stderr, flush=True)
         make_train_tar(tar, args.classes, args.per_class, args.size)
         shape.touch()
     todo = steps(args.work)
-    names = list(todo)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_no in range(args.repeat):
-        for name in names[round_no % len(names) :] + names[: round_no % len(names)]:
-            step, outputs = todo[name]
-            remove(outputs)
-            drop_caches()
-            times[name].append(timed(step)[0])
-            print(f"round {round_no + 1}: {name:44} {times[name][-1]:8.2f} s", file=sys.stderr, flush=True)
+    seconds = cold_rounds(
+        todo,
+        args.repeat,
+        lambda round_no, name, took: print(
+            f"round {round_no + 1}: {name:44} {took:8.2f} s", file=sys.stderr, flush=True
+        ),
+    )
     index = args.work / "in-place" / "index.dlfs"
     results = {
         "options": vars(args) | {"work": str(args.work)},
@@ -133,11 +117,12 @@ def main() -> None:
         "tar_bytes": tar.stat().st_size,
         "index_bytes": {
             "in place": index.stat().st_size,
-            "ratarmount": todo[RATARMOUNT][1][0].stat().st_size,
+            "ratarmount": Path(f"{tar}.index.sqlite").stat().st_size,
         },
-        "seconds": {name: spread(times[name]) for name in names},
+        "seconds": seconds,
     }
-    remove([path for _, outputs in todo.values() for path in outputs])
+    for _, output in todo.values():
+        remove(output)
     if args.json:
         print_document(results)
     else:

@@ -44,6 +44,39 @@ def spread(times: list[float]) -> dict[str, float]:
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
 
+#: A timed step, and what it writes (removed before each run; None: nothing).
+Step = tuple[Callable[[], object], Path | None]
+
+
+def cold_rounds(
+    steps: dict[str, Step], repeat: int, say: Callable[[int, str, float], None]
+) -> dict[str, dict[str, float]]:
+    """Median, min and max seconds of every step over ``repeat`` rounds, each run from a cold page
+    cache with its output removed first (untimed), the steps taking turns in an order that rotates
+    each round; ``say`` hears (round, step, seconds) of each run."""
+    names = list(steps)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_no in range(repeat):
+        first = round_no % len(names)
+        for name in names[first:] + names[:first]:
+            step, output = steps[name]
+            remove(output)
+            drop_caches()
+            times[name].append(timed(step)[0])
+            say(round_no, name, times[name][-1])
+    return {name: spread(times[name]) for name in names}
+
+
+def remove(path: Path | None) -> None:
+    """A step's output, file or folder, gone (nothing when None or absent)."""
+    if path is None:
+        return
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def ensure_tree(work: Path, files: int, classes: int, payload: str) -> bool:
     """Generate ``work/src`` once (a marker names its shape); True if it was (re)generated now."""
     from make_imagenet_like import generate
