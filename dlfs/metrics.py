@@ -143,7 +143,7 @@ class StatsCollector(Collector):
 
     @staticmethod
     def _caches(ram: Json | None, disk: Json | None) -> Iterator[Metric]:
-        """The RAM RAM cache (counting files) and the disk tier (counting 1 MiB blocks)."""
+        """The RAM cache (counting files) and the disk tier (counting 1 MiB blocks)."""
         tiers = [("ram", ram or {})] + ([("disk", disk)] if disk is not None else [])
         families = {
             "hits": CounterMetricFamily("dlfs_cache_hits", "Cache hits, by tier", labels=["tier"]),

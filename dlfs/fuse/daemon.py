@@ -131,7 +131,7 @@ def serve(dataset: str, mnt: str, options: MountOptions, ready: Callable[[list[s
         check_mountpoint(mountpoint)
         check_allow_other(options.allow_other)
         options, notes = _fit_memory(options, store)
-        # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the payload
+        # Read-ahead parks files the kernel refuses (unknown inodes) and its sentinels in the RAM
         # cache, so the cache holds its budget on top of what demand reads get.
         cache = RamCache(options.ram_cache_size + options.readahead_budget)
         file_bytes = TrioFileBytes(index, store, cache, max_threads=options.threads)

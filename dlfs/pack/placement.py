@@ -1,6 +1,6 @@
 """Placement: the order in which file bytes are laid into shards.
 
-``source`` keeps a folder's files together, as a tree-order reader wants them (the tree in
+``tree`` keeps a folder's files together, as a tree-order reader wants them (the tree in
 pre-order: a folder's entries by name, each subfolder's whole subtree where its name falls);
 ``random`` scatters them with a seeded permutation. Both come out as chunks of rows, computed from
 the walk's column files as they are consumed, so no per-file array is ever held whole.

@@ -58,7 +58,7 @@ def open_store(
         if options.disk_tier:
             return DiskTier(store, options.disk_tier, options.disk_tier_size or None)
         return store
-    # A local directory's shards need no disk tier (``Index.shard_store`` refuses --disk-tier for
+    # A local directory's shards need no disk tier (``shard_store.shard_store`` refuses --disk-tier for
     # them), but its in-place index may name tars in object storage, which do.
     return LocalStore(location, random_access)
 

@@ -388,7 +388,7 @@ class DiskTier:
     def front(self, inner: Store) -> None:
         """Stand in front of ``inner`` from now on, and close the store it stood in front of: an
         in-place dataset's index, read from a bucket through this tier, names the objects the
-        tier is for (``Index.shard_store``). One tier a directory: a second would find it locked."""
+        tier is for (``shard_store.shard_store``). One tier a directory: a second would find it locked."""
         replaced, self.inner = self.inner, inner
         self.url = inner.url
         replaced.close()

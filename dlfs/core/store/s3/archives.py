@@ -33,7 +33,7 @@ CHECKERS = 16
 
 
 class S3ArchiveStore(ArchiveShards, S3Store):
-    """The shards of an in-place dataset's tar objects, all in one bucket (``format`` checks it),
+    """The shards of an in-place dataset's tar objects, all in one bucket (``archive_meta`` checks it),
     read like a prefix's shards. Read-only."""
 
     def __init__(
