@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from commands import dlfs
-from waits import HANG, Asked, bound, exited_within, wait_exited
+from waits import HANG, Asked, Exit, Mounts, bound, exited_within, wait_exited, wait_for
 
 from dlfs.fuse.mount import holders
 
@@ -24,6 +24,18 @@ def is_mounted(mnt: Path) -> bool:
     target = os.fsencode(os.path.realpath(mnt))
     with open("/proc/self/mountinfo", "rb") as f:
         return any(line.split()[4] == target for line in f)
+
+
+def wait_mounted(mnt: Path, daemon: subprocess.Popen, what: str, seconds: float = HANG) -> None:
+    """Until ``mnt`` is mounted or the foreground ``daemon`` that mounts it has ended (the caller
+    tells which): woken by the mount table's change or the daemon's end."""
+    wait_for(
+        lambda: is_mounted(mnt) or daemon.poll() is not None,
+        what,
+        Mounts(),
+        Exit(daemon.pid),
+        seconds=seconds,
+    )
 
 
 def force_unmount(mnt: Path) -> str:

@@ -232,6 +232,18 @@ def wait_for(
                 wake.close()
 
 
+def wait_for_files(folder: Path, pattern: str, writer: int, what: str, more_than: int = 0) -> None:
+    """Until more than ``more_than`` files in ``folder`` match ``pattern``, as process ``writer``
+    writes them: woken by every change there, failing at once if the writer ends first."""
+    wait_for(
+        lambda: len(list(folder.glob(pattern))) > more_than,
+        what,
+        Changes(folder),
+        Exit(writer),
+        seconds=60,
+    )
+
+
 def exited_within(pid: int, seconds: float) -> bool:
     """Whether process ``pid`` (any process, not only a child) has ended, or ends within ``seconds``:
     woken by its pidfd the moment it does. A child that ended and was not reaped yet counts as

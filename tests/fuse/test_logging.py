@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from commands import DLFS, assert_one_line_error, dlfs
-from mounts import force_unmount, is_mounted
+from mounts import force_unmount, is_mounted, wait_mounted
 from trees import write
-from waits import HANG, Exit, Mounts, bound, wait_for
+from waits import HANG, bound
 
 from dlfs.logs import JournalFormatter
 
@@ -58,13 +58,7 @@ def test_under_systemd_lines_carry_their_priority_and_no_time_of_their_own(
             env=journal_env(journal),
         )
     try:
-        wait_for(
-            lambda: is_mounted(mnt) or daemon.poll() is not None,
-            "the daemon to mount",
-            Mounts(),
-            Exit(daemon.pid),
-            seconds=60,
-        )
+        wait_mounted(mnt, daemon, "the daemon to mount", seconds=60)
         assert is_mounted(mnt), f"the daemon exited {daemon.returncode} before it mounted"
     finally:
         force_unmount(mnt)

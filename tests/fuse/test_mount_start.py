@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from commands import DLFS, assert_one_line_error, dlfs
-from mounts import daemons_of, force_unmount, is_mounted, kill_daemon, mount_pid
-from waits import HANG, Asked, Exit, Mounts, bound, wait_exited, wait_for
+from mounts import daemons_of, force_unmount, is_mounted, kill_daemon, mount_pid, wait_mounted
+from waits import HANG, Asked, bound, wait_exited, wait_for
 
 from dlfs.fuse import mount as dlfs_mount
 
@@ -71,12 +71,7 @@ def test_a_daemon_stopped_after_it_mounted_leaves_no_dead_mount(packed: Path, tm
     command = [*DLFS, "mount", str(packed), str(mnt), "--foreground"]
     child = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:
-        wait_for(
-            lambda: is_mounted(mnt) or child.poll() is not None,
-            "the foreground daemon to mount",
-            Mounts(),
-            Exit(child.pid),
-        )
+        wait_mounted(mnt, child, "the foreground daemon to mount")
         assert is_mounted(mnt), f"the daemon exited {child.returncode} before it mounted"
         dlfs_mount._stop(child, str(mnt))
         assert not is_mounted(mnt) and os.listdir(mnt) == []

@@ -18,7 +18,7 @@ import pytest
 from archives import assert_refused, crafted_tar, seal, tar_bytes
 from commands import DLFS, assert_one_line_error, dlfs
 from page_cache import tmpfs
-from waits import Changes, Exit, wait_for
+from waits import wait_for_files
 
 from dlfs.core.errors import PackError
 from dlfs.pack import PackOptions, pack
@@ -261,13 +261,7 @@ def test_a_pack_from_standard_input_interrupted_while_it_waits_for_bytes_leaves_
     try:
         proc.stdin.write(whole[: len(whole) // 2])
         proc.stdin.flush()
-        wait_for(
-            lambda: len(list(dst.glob("*.shard"))) > 0,
-            "the pack's first shard from the stream",
-            Changes(dst),
-            Exit(proc.pid),
-            seconds=60,
-        )
+        wait_for_files(dst, "*.shard", proc.pid, "the pack's first shard from the stream")
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from commands import DLFS, assert_one_line_error, dlfs
 from page_cache import tmpfs
-from waits import Changes, Exit, wait_for
+from waits import wait_for_files
 
 from dlfs.cli.common import human
 from dlfs.core import format as fmt
@@ -91,13 +91,7 @@ def test_killed_pack_leaves_nothing_that_mounts_and_the_next_pack_cleans_up(tmp_
     dst = tmp_path / "dst"
     proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst, "--shard-size", "256K", "--threads", "1"])
     try:
-        wait_for(
-            lambda: dst.exists() and any(dst.glob("*.shard")),
-            "the pack's first shard",
-            Changes(dst),
-            Exit(proc.pid),
-            seconds=60,
-        )
+        wait_for_files(dst, "*.shard", proc.pid, "the pack's first shard")
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
@@ -121,13 +115,7 @@ def test_interrupted_repack_keeps_the_old_dataset_intact(tmp_path: Path, packed:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        wait_for(
-            lambda: len(list(packed.glob("*.shard"))) > len(before),
-            "the repack's first shard",
-            Changes(packed),
-            Exit(proc.pid),
-            seconds=60,
-        )
+        wait_for_files(packed, "*.shard", proc.pid, "the repack's first shard", more_than=len(before))
         proc.send_signal(signal.SIGINT)
     finally:
         proc.wait(timeout=30)

@@ -17,7 +17,7 @@ import pytest
 from commands import DLFS, assert_one_line_error, dlfs
 from obstore import Bytes
 from trees import SMALL_SHARD
-from waits import HANG, Changes, Exit, bound, wait_for
+from waits import HANG, bound, wait_for_files
 
 from dlfs.core import format as fmt
 from dlfs.core.errors import PackError
@@ -296,13 +296,7 @@ def test_an_interrupted_pack_from_a_prefix_leaves_nothing_behind(s3_server, s3: 
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        wait_for(
-            lambda: len(list(dst.glob("*.shard"))) > 2,
-            "the pack's third shard",
-            Changes(dst),
-            Exit(proc.pid),
-            seconds=60,
-        )
+        wait_for_files(dst, "*.shard", proc.pid, "the pack's third shard", more_than=2)
         proc.send_signal(signal.SIGINT)
     finally:
         proc.wait(timeout=30)

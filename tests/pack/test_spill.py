@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from commands import DLFS
 from trees import make_odd_tree
-from waits import Changes, Exit, wait_for
+from waits import wait_for_files
 
 from dlfs.core import format as fmt
 from dlfs.core.index import Index
@@ -142,13 +142,7 @@ def test_a_killed_packs_column_files_are_removed_by_the_next_pack(tmp_path: Path
     dst = tmp_path / "dst"
     proc = subprocess.Popen([*DLFS, "-q", "pack", src, dst], stderr=subprocess.DEVNULL)
     try:
-        wait_for(
-            lambda: any(dst.glob(f"{spill.PREFIX}*")),
-            "the pack's first column file",
-            Changes(dst),
-            Exit(proc.pid),
-            seconds=60,
-        )
+        wait_for_files(dst, f"{spill.PREFIX}*", proc.pid, "the pack's first column file")
         proc.kill()
     finally:
         proc.wait(timeout=30)
